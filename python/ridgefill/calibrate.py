@@ -1,0 +1,154 @@
+"""Calibration: one streaming pass over text that accumulates the ridge statistics, then the fit.
+
+For each chunk of ``chunk`` tokens the model runs layers ``0..L-2`` (through its adapter, the same
+layer code the fill uses) and the pairs ``(h_S, x_l)`` for every late layer ``l > S`` are added to
+float64 sufficient statistics (:class:`ridgefill.ridge.RidgeStats`); activations are dropped after each
+chunk, so memory does not grow with the amount of text. Every ``heldout_every``-th chunk goes to
+held-out statistics, which choose ``λ`` per layer when ``lam="auto"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Mapping, Sequence
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .adapters import adapter_for
+from .errors import InputError
+from .maps import RidgeMaps, model_hash, weight_fingerprint
+from .ridge import RidgeStats, fit_maps
+
+
+def text_hash(texts: Sequence[str]) -> str:
+    """SHA-256 (hex) of the calibration texts, in order, separated by NUL."""
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def calibration_chunks(tokenizer, texts: Sequence[str] | Mapping[str, str], tokens: int | None,
+                       chunk: int) -> list[Tensor]:
+    """Cut the texts into ``[chunk]`` int64 token chunks, spread evenly over every text.
+
+    Each text is tokenized on its own and cut into whole chunks; chunks are then taken round-robin
+    across texts, evenly spaced within each, until ``tokens`` tokens (all whole chunks if ``None``).
+
+    Raises:
+        InputError: no text, a text too short for one chunk, ``chunk < 2``, or fewer tokens available
+            than requested (nothing is silently truncated: lower ``tokens`` or add text).
+    """
+    if isinstance(texts, Mapping):
+        texts = list(texts.values())
+    texts = [t for t in texts if t and t.strip()]
+    if not texts:
+        raise InputError("the calibration text is empty: give at least one non-empty text")
+    if chunk < 2:
+        raise InputError(f"chunk={chunk} tokens is too short; use at least 2 (1024 is typical)")
+    per_text = []
+    for t in texts:
+        ids = torch.tensor(tokenizer(t, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        per_text.append(list(ids[: ids.numel() // chunk * chunk].view(-1, chunk)))
+    available = sum(len(c) for c in per_text) * chunk
+    if available == 0:
+        raise InputError(f"the calibration text has fewer than chunk={chunk} tokens; add text or lower chunk")
+    want = available // chunk if tokens is None else -(-tokens // chunk)
+    if tokens is not None and (tokens <= 0 or want * chunk > available):
+        raise InputError(f"asked for {tokens} calibration tokens ({want} chunks of {chunk}), but the text "
+                         f"has {available} tokens in whole chunks; lower --calib-tokens or add text")
+    # round-robin over texts; within a text pick evenly spaced chunks
+    counts = [0] * len(per_text)
+    left, i = want, 0
+    while left:
+        if counts[i] < len(per_text[i]):
+            counts[i] += 1
+            left -= 1
+        i = (i + 1) % len(per_text)
+    picked = []
+    for chunks, c in zip(per_text, counts):
+        idx = torch.linspace(0, len(chunks) - 1, c).round().long().unique() if c else []
+        picked.append([chunks[j] for j in idx])
+    out = []
+    for j in range(max(counts)):
+        out.extend(p[j] for p in picked if j < len(p))
+    return out
+
+
+@torch.inference_mode()
+def collect_stats(model: torch.nn.Module, chunks: Sequence[Tensor], split: int, *,
+                  heldout_every: int = 8, progress: bool = True) -> tuple[RidgeStats, RidgeStats]:
+    """Run each chunk through layers ``0..L-2`` and accumulate ``(h_S, x_l)`` statistics.
+
+    Args:
+        chunks: ``[chunk]`` int64 token ids each (one forward per chunk, positions from 0).
+        split: ``S``, ``0 ≤ S ≤ L-2``.
+        heldout_every: chunk ``i`` is held out when ``i % heldout_every == heldout_every - 1``.
+
+    Returns:
+        ``(fit, heldout)`` :class:`RidgeStats` over layers ``S+1..L-1``.
+
+    Raises:
+        InputError: split out of range or no chunks. NonFiniteError: NaN/Inf activations.
+    """
+    adapter = adapter_for(model)
+    L = adapter.num_layers
+    if not 0 <= split <= L - 2:
+        raise InputError(f"split S={split} is out of range: this model has {L} layers, so 0 ≤ S ≤ {L - 2}")
+    if not chunks:
+        raise InputError("no calibration chunks: the calibration text is empty")
+    late = L - split - 1
+    fit = RidgeStats(late, adapter.hidden_size)
+    held = RidgeStats(late, adapter.hidden_size)
+    device = next(model.parameters()).device
+    for i, ids in enumerate(tqdm(chunks, desc=f"calibrate S={split}", unit="chunk", disable=not progress)):
+        ids = ids.to(device)[None]
+        positions = torch.arange(ids.shape[1], device=device)
+        x = adapter.embed(ids)
+        rope = adapter.rope(positions, x)
+        xs = []
+        for layer in range(L - 1):
+            shape = (1, adapter.num_kv_heads, ids.shape[1], adapter.head_dim)
+            x = adapter.layer(layer, x, rope, positions, x.new_empty(shape), x.new_empty(shape))
+            if layer >= split:
+                xs.append(x[0])
+        target = held if i % heldout_every == heldout_every - 1 else fit
+        target.update(xs[0].cpu(), torch.stack(xs).cpu())
+    return fit, held
+
+
+def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *, split: int,
+              tokens: int | None, chunk: int = 1024, lam: float | str = "auto", heldout_every: int = 8,
+              model_name: str = "", progress: bool = True) -> RidgeMaps:
+    """Fit RidgeFill maps for ``model`` at ``split`` on ``texts`` (paper, "Approach").
+
+    Args:
+        texts: calibration texts (keep them disjoint from evaluation text).
+        tokens: calibration token budget (whole chunks, rounded up); ``None`` for all text.
+        chunk: tokens per forward pass.
+        lam: ``λ`` (number ``≥ 0``) or ``"auto"`` (per layer, by held-out error).
+
+    Returns:
+        :class:`RidgeMaps` (float32) with provenance metadata; save with :meth:`RidgeMaps.save`.
+
+    Raises:
+        InputError, SingularGramError, NonFiniteError: see :func:`calibration_chunks`,
+        :func:`collect_stats` and :func:`ridgefill.ridge.fit_maps`.
+    """
+    text_list = list(texts.values()) if isinstance(texts, Mapping) else list(texts)
+    chunks = calibration_chunks(tokenizer, text_list, tokens, chunk)
+    if lam == "auto" and len(chunks) < 2:
+        raise InputError("λ='auto' needs at least 2 chunks (one held out); calibrate on more tokens or give λ")
+    # hold out every heldout_every-th chunk (at least one when there are two or more chunks)
+    every = min(heldout_every, len(chunks)) if len(chunks) >= 2 else len(chunks) + 1
+    fit, held = collect_stats(model, chunks, split, heldout_every=every, progress=progress)
+    result = fit_maps(fit, lam, held if held.count else None)
+    meta = {"model_name": model_name, "model_hash": model_hash(model),
+            "weight_fingerprint": weight_fingerprint(model), "calibration_tokens": fit.count + held.count,
+            "heldout_tokens": held.count, "chunk": chunk, "text_sha256": text_hash(text_list),
+            "lambda_spec": str(lam), "heldout_rel_error": result.heldout_rel_error,
+            "heldout_rel_error_identity": result.heldout_rel_error_identity}
+    return RidgeMaps(split, result.weights.float(), result.biases.float(), result.lambdas, meta, result.stats)

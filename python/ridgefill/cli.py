@@ -1,0 +1,155 @@
+"""The ``ridgefill`` command line: ``run`` (the main job), ``calibrate``, ``generate``.
+
+Every subcommand calls the same library functions the tests call. User mistakes (bad paths, mismatched
+maps, out-of-range sizes) print one ``error:`` line naming the problem and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import RidgeFillError
+
+
+#: Modules that add their own subcommand: each defines ``add_subcommand(subparsers)``, which registers a
+#: parser whose ``func`` default is called with the parsed arguments.
+EXTRA_SUBCOMMANDS: tuple[str, ...] = ("certify", "bench")
+
+
+def _lam(value: str):
+    if value == "auto":
+        return "auto"
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"λ must be a number or 'auto', got {value!r}") from None
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="'smollm2' (default, the bundled SmolLM2-135M-Instruct), a local Hugging Face model "
+                        "directory, or a .gguf file")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .run import RunConfig
+
+    d = RunConfig()
+    parser = argparse.ArgumentParser(prog="ridgefill", description="RidgeFill: late-layer KV-cache fill for faster prefill")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="the main job: calibrate, then compare exact / ridge / identity / none")
+    _model_args(p)
+    p.add_argument("--split", type=int, default=d.split, help=f"split layer S (default {d.split})")
+    p.add_argument("--tail", type=int, default=d.tail, help=f"exact tail rows (default {d.tail})")
+    p.add_argument("--calib-tokens", type=int, default=d.calib_tokens, help=f"calibration tokens (default {d.calib_tokens})")
+    p.add_argument("--chunk", type=int, default=d.chunk, help=f"calibration chunk length (default {d.chunk})")
+    p.add_argument("--lam", type=_lam, default=d.lam, help="ridge λ: a number or 'auto' (default)")
+    p.add_argument("--docs", type=int, default=d.docs, help=f"evaluation documents (default {d.docs})")
+    p.add_argument("--doc-tokens", type=int, default=d.doc_tokens, help=f"prompt length per document (default {d.doc_tokens})")
+    p.add_argument("--gen-tokens", type=int, default=d.gen_tokens, help=f"greedy tokens compared (default {d.gen_tokens})")
+    p.add_argument("--repeats", type=int, default=d.repeats, help=f"timed prefill repeats per mode (default {d.repeats})")
+    p.add_argument("--out", default=d.out, help=f"output folder for maps and report.json (default {d.out})")
+    p.add_argument("--maps", default=None, help="maps file to reuse or create (default <out>/maps-S<split>.safetensors)")
+
+    p = sub.add_parser("calibrate", help="fit maps on calibration text and save them")
+    _model_args(p)
+    p.add_argument("--split", type=int, default=d.split)
+    p.add_argument("--tokens", type=int, default=d.calib_tokens, help="calibration tokens (0: all of the text)")
+    p.add_argument("--chunk", type=int, default=d.chunk)
+    p.add_argument("--lam", type=_lam, default="auto")
+    p.add_argument("--text", action="append", default=None,
+                   help="a UTF-8 text file to calibrate on (repeatable; default: the bundled calibration novels)")
+    p.add_argument("--out", required=True, help="maps file to write (.safetensors); written atomically")
+
+    p = sub.add_parser("generate", help="prefill a prompt with RidgeFill and continue greedily")
+    _model_args(p)
+    p.add_argument("--maps", default=None, help="maps file (needed for --mode ridge)")
+    p.add_argument("--prompt-file", required=True, help="UTF-8 text file holding the prompt")
+    p.add_argument("--tail", type=int, default=d.tail)
+    p.add_argument("--split", type=int, default=None, help="split for identity/none without maps")
+    p.add_argument("--mode", default="ridge", choices=["ridge", "identity", "none", "exact"])
+    p.add_argument("--max-new-tokens", type=int, default=64)
+
+    for module in EXTRA_SUBCOMMANDS:
+        import importlib
+
+        importlib.import_module(f"ridgefill.{module}").add_subcommand(sub)
+    return parser
+
+
+def _cmd_run(a) -> None:
+    from .run import RunConfig, format_table, run
+
+    cfg = RunConfig(model=a.model, split=a.split, tail=a.tail, calib_tokens=a.calib_tokens, chunk=a.chunk,
+                    lam=a.lam, docs=a.docs, doc_tokens=a.doc_tokens, gen_tokens=a.gen_tokens,
+                    repeats=a.repeats, out=a.out, maps=a.maps, threads=a.threads)
+    report = run(cfg)
+    print(format_table(report))
+    print(f"report: {Path(cfg.out) / 'report.json'}   maps: {report['maps_path']}")
+
+
+def _read_text(path: str) -> str:
+    from .errors import InputError
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"text file {path!r} does not exist")
+    return p.read_text(encoding="utf-8")
+
+
+def _cmd_calibrate(a) -> None:
+    from .assets import CALIBRATION_BOOKS, load_model, load_texts
+    from .calibrate import calibrate
+
+    model, tok, name = load_model(a.model)
+    if a.text:
+        texts = {t: _read_text(t) for t in a.text}
+    else:
+        all_texts = load_texts()
+        texts = {k: all_texts[k] for k in CALIBRATION_BOOKS}
+    maps = calibrate(model, tok, texts, split=a.split, tokens=a.tokens or None, chunk=a.chunk, lam=a.lam,
+                     model_name=name)
+    maps.save(a.out)
+    print(f"wrote {a.out}: S={maps.split}, {maps.meta['calibration_tokens']} tokens, "
+          f"λ per layer {[f'{v:.3g}' for v in maps.lambdas]}")
+    if maps.meta.get("heldout_rel_error"):
+        print("held-out relative error  ridge:    " + " ".join(f"{v:.3f}" for v in maps.meta["heldout_rel_error"]))
+        print("                         identity: " + " ".join(f"{v:.3f}" for v in maps.meta["heldout_rel_error_identity"]))
+
+
+def _cmd_generate(a) -> None:
+    import torch
+
+    from .assets import load_model
+    from .fill import generate_after, prefill
+    from .maps import load_maps
+
+    model, tok, _ = load_model(a.model)
+    maps = load_maps(a.maps) if a.maps else None
+    ids = torch.tensor([tok(_read_text(a.prompt_file), add_special_tokens=False)["input_ids"]])
+    res = prefill(model, ids, maps, tail=min(a.tail, ids.shape[1]), mode=a.mode, split=a.split)
+    new = generate_after(model, ids, res, a.max_new_tokens)
+    print(tok.decode(new[0], skip_special_tokens=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        handlers = {"run": _cmd_run, "calibrate": _cmd_calibrate, "generate": _cmd_generate}
+        (handlers.get(args.command) or args.func)(args)
+    except RidgeFillError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

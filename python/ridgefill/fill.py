@@ -1,0 +1,242 @@
+"""The fill prefill (paper, "Approach"): exact lower layers, predicted late-layer cache rows.
+
+Data path for a prompt of ``N`` rows, split ``S``, ``L`` layers:
+
+1. Layers ``0..S`` run exactly on every row (causal attention, as in the plain forward).
+2. ``h_S`` (the output of layer ``S``) is the split state. For each late layer ``l > S`` every
+   *filled* row predicts its layer input ``x̂_l = h_S W_l + b_l`` (:func:`predict_inputs`) and writes
+   only that layer's keys and values from it, through the layer's own input norm, K/V projections
+   and RoPE at the row's true position. Filled rows run no attention and no MLP in late layers.
+3. *Exact* rows (the last ``tail`` rows plus any ``exact_rows``) run every late layer in full,
+   attending causally to the mixed cache (filled rows' predicted K/V, exact rows' true K/V).
+
+The result is a standard ``transformers`` cache holding K/V for every row at every layer, so
+decoding continues with ``model.generate`` and every decoding step runs the full model.
+
+Modes (one entry point for the method and its baselines):
+
+- ``"ridge"``: the fitted maps (needs ``maps``).
+- ``"identity"``: ``W_l = I``, ``b_l = 0``: filled rows write late-layer K/V from ``h_S`` itself.
+- ``"none"``: filled rows get no K/V in layers ``> S``. Exact rows then attend, in late layers, to
+  the exact rows only (the filled positions are masked out); the returned cache's late layers hold
+  only the exact rows' entries, so later decoding steps see the same thing.
+- ``"exact"``: the plain ``transformers`` forward over all rows (the reference).
+
+Lean: ``KvaLean.Causality`` (``filled_causal``, ``lower_layers_exact``, ``exact_rows_exact``,
+``no_token_dropped``) and ``KvaLean.Identity.identity_fill_eq`` state the properties of this function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Literal
+
+import torch
+from torch import Tensor
+
+from .adapters import adapter_for
+from .errors import InputError, NonFiniteError
+from .maps import RidgeMaps
+
+Mode = Literal["ridge", "identity", "none", "exact"]
+MODES: tuple[str, ...] = ("exact", "ridge", "identity", "none")
+
+
+@dataclass
+class PrefillResult:
+    """What :func:`prefill` returns.
+
+    Attributes:
+        cache: a ``transformers`` ``DynamicCache`` with K/V for every row at every layer (in mode
+            ``"none"``: late layers hold the exact rows only).
+        logits: ``[batch, 1, vocab]`` for the last row, or ``[batch, len(exact_positions), vocab]``
+            with ``logits="exact"``; float in the model dtype.
+        exact_positions: sorted ``int64`` ``[rows]``: the rows that ran every layer.
+        split: ``S`` (``None`` in mode ``"exact"``).
+        mode: the mode used.
+    """
+
+    cache: object
+    logits: Tensor
+    exact_positions: Tensor
+    split: int | None
+    mode: str
+
+
+def exact_positions(num_rows: int, tail: int, exact_rows: Iterable[int] = ()) -> Tensor:
+    """Sorted unique positions that run the full model: the last ``tail`` rows plus ``exact_rows``.
+
+    Raises:
+        InputError: ``tail`` outside ``1..num_rows``, or an exact row outside ``0..num_rows-1``.
+    """
+    if not 1 <= tail <= num_rows:
+        raise InputError(f"tail={tail} must be between 1 and the prompt length {num_rows}: the last row "
+                         "must be exact, and the tail cannot be longer than the prompt (use mode='exact' "
+                         "to run every row exactly)")
+    rows = torch.as_tensor(list(exact_rows), dtype=torch.long)
+    if rows.numel() and (rows.min() < 0 or rows.max() >= num_rows):
+        raise InputError(f"exact_rows must lie in 0..{num_rows - 1}; got {rows.tolist()}")
+    return torch.unique(torch.cat([rows, torch.arange(num_rows - tail, num_rows)]))
+
+
+def predict_inputs(h_split: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """The RidgeFill prediction ``x̂_l = h_S W_l + b_l``.
+
+    Args:
+        h_split: ``[batch, rows, d]`` split state of the filled rows.
+        weight: ``W_l`` ``[d, d]``; bias: ``b_l`` ``[d]`` (same dtype as ``h_split``).
+
+    Returns:
+        ``[batch, rows, d]``. With ``W = I`` and ``b = 0`` it is ``h_S`` itself, the identity fill
+        (Lean: ``KvaLean.Identity.identity_fill_eq``).
+    """
+    return torch.addmm(bias, h_split.reshape(-1, h_split.shape[-1]), weight).view(h_split.shape)
+
+
+def _rows(x: Tensor, index: Tensor, dim: int) -> Tensor:
+    """``x`` restricted to ``index`` along ``dim``: a view when the index is a contiguous range."""
+    n = index.numel()
+    if n and int(index[-1] - index[0]) == n - 1:
+        return x.narrow(dim, int(index[0]), n)
+    return x.index_select(dim, index)
+
+
+def _check_finite(x: Tensor, where: str) -> None:
+    if not torch.isfinite(x).all():
+        raise NonFiniteError(f"NaN or Inf in the activations at {where}; check the model weights, the "
+                             "maps and the dtype (float16 can overflow: use float32 or bfloat16)")
+
+
+@torch.inference_mode()
+def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = None, *, tail: int,
+            exact_rows: Iterable[int] = (), mode: Mode = "ridge", split: int | None = None,
+            logits: Literal["last", "exact"] = "last") -> PrefillResult:
+    """Prefill ``input_ids`` with RidgeFill (or a baseline) and return the cache and logits.
+
+    Args:
+        model: a causal LM with an adapter (see :mod:`ridgefill.adapters`), in eval mode.
+        input_ids: ``[batch, N]`` int64 token ids (no padding; the batch shares its exact rows).
+        maps: fitted maps (mode ``"ridge"``); checked against ``model`` and ``split``.
+        tail: number of final rows that run the full model (``1 ≤ tail ≤ N``).
+        exact_rows: further absolute positions that run the full model.
+        mode: ``"ridge"``, ``"identity"``, ``"none"`` or ``"exact"`` (see module docstring).
+        split: ``S`` (``0 ≤ S ≤ L-2``); defaults to ``maps.split``; required for identity/none without maps.
+        logits: ``"last"`` for the last row only, ``"exact"`` for every exact row.
+
+    Returns:
+        :class:`PrefillResult`.
+
+    Raises:
+        InputError: bad shapes, mode, tail, exact rows or split.
+        MapsMismatchError: ``maps`` belong to another model or split.
+        NonFiniteError: NaN/Inf activations.
+    """
+    if mode not in MODES:
+        raise InputError(f"mode must be one of {MODES}; got {mode!r}")
+    if input_ids.ndim != 2 or input_ids.shape[1] < 1 or input_ids.dtype != torch.long:
+        raise InputError(f"input_ids must be an int64 tensor [batch, rows]; got {input_ids.dtype} "
+                         f"{tuple(input_ids.shape)}")
+    n = input_ids.shape[1]
+    ex = exact_positions(n, tail, exact_rows).to(input_ids.device)
+    if mode == "exact":
+        return _prefill_exact(model, input_ids, ex, logits)
+
+    adapter = adapter_for(model)
+    L = adapter.num_layers
+    if mode == "ridge":
+        if maps is None:
+            raise InputError("mode='ridge' needs maps: fit them with `ridgefill calibrate` and load them "
+                             "with ridgefill.load_maps")
+        maps.check_model(model, split)
+        split = maps.split
+    elif split is None:
+        split = maps.split if maps is not None else None
+    if split is None or not 0 <= split <= L - 2:
+        raise InputError(f"split S={split} is out of range: this model has {L} layers, so 0 ≤ S ≤ {L - 2} "
+                         "(at least one late layer)")
+
+    device = input_ids.device
+    positions = torch.arange(n, device=device)
+    filled = torch.ones(n, dtype=torch.bool, device=device)
+    filled[ex] = False
+    fl = positions[filled]
+
+    x = adapter.embed(input_ids)
+    rope = adapter.rope(positions, x)
+    keys, values = [], []
+
+    def buffers(like_k_rows: int = n) -> tuple[Tensor, Tensor]:
+        shape = (x.shape[0], adapter.num_kv_heads, like_k_rows, adapter.head_dim)
+        return x.new_empty(shape), x.new_empty(shape)
+
+    for layer in range(split + 1):  # lower layers: every row, exactly
+        k, v = buffers()
+        x = adapter.layer(layer, x, rope, positions, k, v)
+        keys.append(k)
+        values.append(v)
+    _check_finite(x, f"the split state h_S (output of layer {split})")
+
+    h_fill = _rows(x, fl, 1)
+    rope_fill, rope_ex = rope.rows(fl), rope.rows(ex)
+    x = _rows(x, ex, 1)
+    if maps is not None and mode == "ridge":
+        maps = maps.to(dtype=x.dtype, device=device)
+    visible = None if mode != "none" else ~filled
+    for layer in range(split + 1, L):  # late layers
+        k, v = buffers()
+        if mode == "none":
+            k[:, :, fl] = 0
+            v[:, :, fl] = 0
+        elif fl.numel():
+            x_hat = predict_inputs(h_fill, *maps.layer(layer)) if mode == "ridge" else h_fill
+            kf, vf = adapter.kv(layer, x_hat, rope_fill)
+            if fl.numel() == int(fl[-1]) + 1:  # filled rows are a prefix: write with a slice
+                k[:, :, : fl.numel()] = kf
+                v[:, :, : fl.numel()] = vf
+            else:
+                k[:, :, fl] = kf
+                v[:, :, fl] = vf
+        x = adapter.layer(layer, x, rope_ex, ex, k, v, visible=visible)
+        if mode == "none":
+            k, v = _rows(k, ex, 2), _rows(v, ex, 2)
+        keys.append(k)
+        values.append(v)
+
+    out = adapter.logits(x[:, -1:] if logits == "last" else x)
+    _check_finite(out, "the logits of the exact rows")
+    cache = adapter.new_cache()
+    for layer, (k, v) in enumerate(zip(keys, values)):
+        cache.update(k, v, layer)
+    return PrefillResult(cache, out, ex, split, mode)
+
+
+def _prefill_exact(model: torch.nn.Module, input_ids: Tensor, ex: Tensor, logits: str) -> PrefillResult:
+    """Mode ``"exact"``: the plain ``transformers`` forward; LM head on the requested rows only."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    out = model.get_decoder()(input_ids=input_ids, cache=cache, use_cache=True)
+    hidden = out.last_hidden_state
+    hidden = hidden[:, -1:] if logits == "last" else hidden[:, ex]
+    result = model.get_output_embeddings()(hidden)
+    _check_finite(result, "the logits of the exact forward")
+    return PrefillResult(out.cache, result, ex, None, "exact")
+
+
+@torch.inference_mode()
+def generate_after(model: torch.nn.Module, input_ids: Tensor, result: PrefillResult,
+                   max_new_tokens: int) -> Tensor:
+    """Greedy continuation from a prefilled cache: every decoding step runs the full model.
+
+    The last prompt row is exact in every mode, so its cache entries are dropped and ``generate``
+    recomputes it (identically) as its first step. ``result.cache`` is consumed: it is cropped and
+    then extended by the decoding steps, so call this once per :class:`PrefillResult`.
+
+    Returns:
+        ``[batch, max_new_tokens]`` int64 new tokens.
+    """
+    cache = result.cache
+    cache.crop(-1)
+    out = model.generate(input_ids, cache=cache, max_new_tokens=max_new_tokens, do_sample=False,
+                         min_new_tokens=max_new_tokens, pad_token_id=model.config.eos_token_id)
+    return out[:, input_ids.shape[1]:]

@@ -1,0 +1,282 @@
+"""The closed-form ridge fit of the RidgeFill maps, on sufficient statistics (paper, "Approach").
+
+For a split ``S`` and each late layer ``l > S`` the map predicts the layer's input ``x_l`` from the
+split state ``h_S`` (both ``[tokens, hidden]``):
+
+    W_l, b_l = argmin_{W, b} ‖H W + 1 bᵀ − X_l‖²_F + λ_l ‖W − I‖²_F
+
+The intercept is unpenalised, so it is removed by centring: with centred Gram ``G = Σ (h−h̄)(h−h̄)ᵀ``
+and cross term ``B_l = Σ (h−h̄)(x_l−x̄_l)ᵀ`` the optimum is the unique solution of the normal
+equations ``(G + λI) W = B_l + λI`` (for ``λ > 0``), and ``b_l = x̄_l − h̄ W_l``. Everything here is
+float64 and needs only the statistics, never the activations, so memory does not grow with the
+amount of calibration text.
+
+Lean: ``KvaLean.Ridge`` (``ridge_optimal``, ``ridge_unique``, ``normal_eq_of_isMin``, multi-output
+form) states that this solve is the minimiser; ``KvaLean.Identity`` (``ridge_tendsto_identity``,
+``ridge_identity_rate``, ``ridge_eq_prior_of_exact``) that large ``λ`` gives ``W → I``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .errors import InputError, NonFiniteError, SingularGramError
+
+F64 = torch.float64
+
+
+def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = None) -> Tensor:
+    """Solve the ridge normal equations ``(G + λI) W = B + λ W₀`` by Cholesky.
+
+    Args:
+        gram: ``G`` ``[d, d]``, symmetric positive semi-definite (the centred Gram of ``h_S``).
+        cross: ``B`` ``[d, k]`` (the centred cross term ``Σ (h−h̄)(x−x̄)ᵀ``).
+        lam: ``λ ≥ 0``; ``λ = 0`` is ordinary least squares and needs a non-singular ``G``.
+        prior: ``W₀`` ``[d, k]``; default the identity (``k = d``), i.e. the identity fill.
+
+    Returns:
+        ``W`` ``[d, k]`` float64, the unique minimiser of ``‖H W − X‖² + λ‖W − W₀‖²`` (Lean:
+        ``KvaLean.Ridge.ridge_optimal``, ``ridge_unique``; multi-output ``ridge_optimal_matrix``).
+
+    Raises:
+        InputError: shapes disagree, or ``λ`` is negative or not finite.
+        SingularGramError: ``G + λI`` is not positive definite (``λ = 0`` with a singular Gram):
+            use ``λ > 0``.
+    """
+    gram, cross = gram.to(F64), cross.to(F64)
+    d = gram.shape[0]
+    if gram.shape != (d, d) or cross.shape[0] != d:
+        raise InputError(f"gram must be [d, d] and cross [d, k]; got {tuple(gram.shape)} and "
+                         f"{tuple(cross.shape)}")
+    if not (lam >= 0 and lam < float("inf")):
+        raise InputError(f"ridge λ must be a finite number ≥ 0; got {lam}")
+    if prior is None:
+        if cross.shape[1] != d:
+            raise InputError(f"the identity prior needs a square cross term; got {tuple(cross.shape)}")
+        prior = torch.eye(d, dtype=F64)
+    prior = prior.to(F64)
+    eye = torch.eye(d, dtype=F64)
+    factor, info = torch.linalg.cholesky_ex(gram + lam * eye)
+    pivots = factor.diagonal().square()
+    # singular to working precision: a pivot below d·eps of the largest (condition number > 1/(d·eps))
+    if info.item() != 0 or not pivots.min() > d * torch.finfo(F64).eps * pivots.max():
+        raise SingularGramError(
+            f"G + λI is not positive definite at λ = {lam} (numerically singular: Cholesky pivot ratio "
+            f"{float(pivots.min() / pivots.max()) if info.item() == 0 else 0.0:.2e}); "
+            "the Gram matrix is singular or has too little calibration data for this hidden size: "
+            "use λ > 0 (or λ = 'auto'), or calibrate on more tokens")
+    return torch.cholesky_solve(cross + lam * prior, factor)
+
+
+@dataclass
+class RidgeStats:
+    """Float64 sufficient statistics of ``(h_S, x_l)`` pairs for one split, all late layers at once.
+
+    The sums are taken about a fixed shift (the first batch's means), which keeps the centring
+    ``G − n h̄ h̄ᵀ`` accurate when the residual stream has large constant components. Memory is
+    ``O(layers · hidden²)``, independent of the number of tokens.
+
+    Attributes:
+        count: number of token rows seen.
+        shift_h: ``[d]``; shift_x: ``[layers, d]``.
+        sum_h: ``Σ (h − shift_h)`` ``[d]``; gram: ``Σ (h−shift)(h−shift)ᵀ`` ``[d, d]``.
+        sum_x: ``[layers, d]``; cross: ``Σ (h−shift_h)(x_l−shift_x)ᵀ`` ``[layers, d, d]``;
+        sq_x: ``Σ ‖x_l − shift_x‖²`` ``[layers]``.
+    """
+
+    layers: int
+    hidden: int
+    count: int = 0
+    shift_h: Tensor | None = None
+    shift_x: Tensor | None = None
+    sum_h: Tensor = field(init=False)
+    gram: Tensor = field(init=False)
+    sum_x: Tensor = field(init=False)
+    cross: Tensor = field(init=False)
+    sq_x: Tensor = field(init=False)
+
+    def __post_init__(self):
+        d, n = self.hidden, self.layers
+        self.sum_h = torch.zeros(d, dtype=F64)
+        self.gram = torch.zeros(d, d, dtype=F64)
+        self.sum_x = torch.zeros(n, d, dtype=F64)
+        self.cross = torch.zeros(n, d, d, dtype=F64)
+        self.sq_x = torch.zeros(n, dtype=F64)
+
+    def update(self, h: Tensor, xs: Tensor) -> None:
+        """Add rows: ``h`` ``[rows, d]`` (split state) and ``xs`` ``[layers, rows, d]`` (late-layer inputs).
+
+        Raises:
+            NonFiniteError: a value is NaN or Inf.
+            InputError: shapes do not match the statistics.
+        """
+        if h.ndim != 2 or h.shape[1] != self.hidden or xs.shape != (self.layers, h.shape[0], self.hidden):
+            raise InputError(f"expected h [rows, {self.hidden}] and xs [{self.layers}, rows, {self.hidden}]; "
+                             f"got {tuple(h.shape)} and {tuple(xs.shape)}")
+        h, xs = h.to(F64), xs.to(F64)
+        if not (torch.isfinite(h).all() and torch.isfinite(xs).all()):
+            raise NonFiniteError("NaN or Inf in the calibration activations (h_S or a late-layer input); "
+                                 "check the model weights and dtype (float16 overflows in some models: use "
+                                 "float32 or bfloat16)")
+        if self.shift_h is None:
+            self.shift_h, self.shift_x = h.mean(0), xs.mean(1)
+        h = h - self.shift_h
+        xs = xs - self.shift_x[:, None, :]
+        self.count += h.shape[0]
+        self.sum_h += h.sum(0)
+        self.gram += h.T @ h
+        self.sum_x += xs.sum(1)
+        self.cross += torch.einsum("rd,lre->lde", h, xs)
+        self.sq_x += xs.square().sum((1, 2))
+
+    def merged(self, other: "RidgeStats") -> "RidgeStats":
+        """Statistics of both row sets (re-expressed about this object's shift)."""
+        if other.count == 0:
+            return self
+        if self.count == 0:
+            return other
+        out = RidgeStats(self.layers, self.hidden, self.count + other.count, self.shift_h, self.shift_x)
+        # shift other's sums from its shift to ours: v' = v + δ with δ = other.shift − self.shift
+        dh = other.shift_h - self.shift_h
+        dx = other.shift_x - self.shift_x
+        n = other.count
+        out.sum_h = self.sum_h + other.sum_h + n * dh
+        out.gram = (self.gram + other.gram + torch.outer(other.sum_h, dh) + torch.outer(dh, other.sum_h)
+                    + n * torch.outer(dh, dh))
+        out.sum_x = self.sum_x + other.sum_x + n * dx
+        out.cross = (self.cross + other.cross + other.sum_h[None, :, None] * dx[:, None, :]
+                     + dh[None, :, None] * other.sum_x[:, None, :] + n * dh[None, :, None] * dx[:, None, :])
+        out.sq_x = self.sq_x + other.sq_x + 2 * (other.sum_x * dx).sum(1) + n * dx.square().sum(1)
+        return out
+
+    def means(self) -> tuple[Tensor, Tensor]:
+        """``(h̄ [d], x̄ [layers, d])`` in the original (unshifted) coordinates."""
+        return self.shift_h + self.sum_h / self.count, self.shift_x + self.sum_x / self.count
+
+    def moments(self, layer: int, mean_h: Tensor, mean_x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Second moments about given points: ``Σ (h−m_h)(h−m_h)ᵀ``, ``Σ (h−m_h)(x_l−m_x)ᵀ`` and
+        ``Σ ‖x_l − m_x‖²`` (``[d, d]``, ``[d, d]``, scalar)."""
+        n = self.count
+        ph, px = mean_h - self.shift_h, mean_x - self.shift_x[layer]
+        # Σ (h' − p)(h' − p)ᵀ = G' − s pᵀ − p sᵀ + n p pᵀ, with s = Σ h' (h' shifted values)
+        shh = self.gram - torch.outer(self.sum_h, ph) - torch.outer(ph, self.sum_h) + n * torch.outer(ph, ph)
+        shx = (self.cross[layer] - torch.outer(self.sum_h, px) - torch.outer(ph, self.sum_x[layer])
+               + n * torch.outer(ph, px))
+        sxx = self.sq_x[layer] - 2 * (self.sum_x[layer] @ px) + n * (px @ px)
+        return shh, shx, sxx
+
+    def centred(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Centred ``G``, ``B_l`` and ``Σ‖x_l − x̄_l‖²`` (the statistics the ridge solve uses)."""
+        mh, mx = self.means()
+        return self.moments(layer, mh, mx[layer])
+
+
+def lambda_grid(gram: Tensor, points: int = 25) -> Tensor:
+    """Candidate ``λ`` values for ``auto``: ``tr(G)/d · 10^k`` for ``k`` from −7 to +3."""
+    scale = (torch.trace(gram) / gram.shape[0]).clamp_min(1e-30)
+    return scale * torch.logspace(-7, 3, points, dtype=F64)
+
+
+def heldout_errors(fit: RidgeStats, heldout: RidgeStats, layer: int, lams: Tensor) -> Tensor:
+    """Held-out squared error ``Σ ‖x_l − (h W_λ + b_λ)‖²`` of the identity-centred ridge fitted on
+    ``fit``, for every ``λ`` in ``lams`` ``[k]``. Cost: one eigendecomposition and a few ``d³`` products
+    per layer, then ``O(d²)`` per ``λ``. Returns ``[k]`` float64."""
+    mh, mx = fit.means()
+    mx = mx[layer]
+    gram, cross, _ = fit.moments(layer, mh, mx)
+    evals, q = torch.linalg.eigh(gram)
+    evals = evals.clamp_min(0)
+    c = q.T @ (cross - gram)                      # W = I + Q diag(1/(e+λ)) C
+    shh, shx, sxx = heldout.moments(layer, mh, mx)  # held-out moments about the fit means
+    # held-out residual target r = (x − m_x) − (h − m_h); features z = (h − m_h) Q
+    srr = sxx - 2 * torch.trace(shx) + torch.trace(shh)
+    p = q.T @ (shx - shh)                         # Σ zᵀ r
+    m = q.T @ shh @ q                             # Σ zᵀ z
+    a = (c * p).sum(1)                            # tr(Cᵀ D P) = Σ_i D_i a_i
+    k = m * (c @ c.T)                             # tr(Cᵀ D M D C) = Dᵀ K D
+    d = 1.0 / (evals[None, :] + lams[:, None])    # [k, d]
+    return srr - 2 * d @ a + ((d @ k) * d).sum(1)
+
+
+@dataclass
+class FittedMaps:
+    """Result of :func:`fit_maps`: ``weights`` ``[layers, d, d]`` and ``biases`` ``[layers, d]`` (float64),
+    ``lambdas`` (one per late layer), diagnostics (held-out relative errors, or ``None``) and ``stats``,
+    the statistics the final maps were solved on (for certificates, :mod:`ridgefill.certify`)."""
+
+    weights: Tensor
+    biases: Tensor
+    lambdas: list[float]
+    heldout_rel_error: list[float] | None
+    heldout_rel_error_identity: list[float] | None
+    stats: RidgeStats | None = None
+
+
+def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
+             heldout: RidgeStats | None = None) -> FittedMaps:
+    """Fit every late layer's map from calibration statistics.
+
+    Args:
+        stats: statistics of the fitting rows.
+        lam: a number ``≥ 0`` for every layer, a list (one per late layer), or ``"auto"``: per layer the
+            ``λ`` of :func:`lambda_grid` with the lowest held-out error (:func:`heldout_errors`); the final
+            map is then refitted on ``stats`` and ``heldout`` together with that ``λ``.
+        heldout: statistics of held-out rows; required for ``"auto"``, used for diagnostics otherwise.
+
+    Returns:
+        :class:`FittedMaps`; ``W_l`` solves ``(G + λI) W = B_l + λI`` on centred statistics and
+        ``b_l = x̄_l − h̄ W_l`` (Lean: ``KvaLean.Ridge.ridge_optimal_matrix``, intercept by centring).
+
+    Raises:
+        InputError: no statistics, a bad ``λ`` spec, or ``"auto"`` without held-out statistics.
+        SingularGramError: see :func:`solve_ridge`.
+    """
+    if stats.count == 0:
+        raise InputError("no calibration rows: the calibration text produced no tokens")
+    n = stats.layers
+    if lam == "auto":
+        if heldout is None or heldout.count == 0:
+            raise InputError("λ = 'auto' needs held-out statistics (calibrate on more than one chunk)")
+        lams = []
+        for layer in range(n):
+            gram, _, _ = stats.centred(layer)
+            grid = lambda_grid(gram)
+            errs = heldout_errors(stats, heldout, layer, grid)
+            lams.append(float(grid[int(torch.argmin(errs))]))
+        final = stats.merged(heldout)
+    elif isinstance(lam, (int, float)):
+        lams, final = [float(lam)] * n, stats
+    elif isinstance(lam, (list, tuple)) and len(lam) == n:
+        lams, final = [float(v) for v in lam], stats
+    else:
+        raise InputError(f"λ must be a number ≥ 0, a list of {n} numbers, or 'auto'; got {lam!r}")
+
+    mh, mx = final.means()
+    weights, biases = [], []
+    for layer in range(n):
+        gram, cross, _ = final.centred(layer)
+        w = solve_ridge(gram, cross, lams[layer])
+        weights.append(w)
+        biases.append(mx[layer] - mh @ w)
+    rel = rel_id = None
+    if heldout is not None and heldout.count:
+        rel, rel_id = _heldout_report(stats, heldout, lams)
+    return FittedMaps(torch.stack(weights), torch.stack(biases), lams, rel, rel_id, final)
+
+
+def _heldout_report(stats: RidgeStats, heldout: RidgeStats, lams: list[float]):
+    """Held-out relative errors of the chosen ridge and of the identity fill (``W = I``, ``b = 0``)."""
+    rel, rel_id = [], []
+    mh_out, mx_out = heldout.means()
+    for layer, lam in enumerate(lams):
+        err = heldout_errors(stats, heldout, layer, torch.tensor([lam], dtype=F64))[0]
+        _, _, total = heldout.moments(layer, mh_out, mx_out[layer])
+        zero = torch.zeros_like(mh_out)
+        shh, shx, sxx = heldout.moments(layer, zero, zero)  # raw moments: identity error Σ‖x − h‖²
+        ident = sxx - 2 * torch.trace(shx) + torch.trace(shh)
+        rel.append(float(err / total))
+        rel_id.append(float(ident / total))
+    return rel, rel_id

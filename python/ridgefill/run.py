@@ -1,0 +1,211 @@
+"""The main job: calibrate maps for a model, then compare exact, RidgeFill, identity and no fill on
+held-out long documents (``ridgefill run``).
+
+Per evaluation document of ``doc_tokens + 1`` tokens the prompt is its first ``doc_tokens`` tokens;
+the last ``tail`` rows are exact. Reported per mode:
+
+- NLL: mean negative log-likelihood (nats/token) of the next token at every exact row (the tail's
+  ``tail`` predictions, the last one scoring the held-back final token), and ΔNLL vs exact;
+- agreement: fraction of the first ``gen_tokens`` greedy continuation tokens equal to exact's, and the
+  length of the common prefix;
+- prefill seconds: median over ``repeats`` timed prefills (last-row logits only), all modes
+  interleaved in the same run after a warm-up; ratio: median over repeats of exact/mode.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .errors import InputError, MapsFormatError, MapsMismatchError
+from .fileio import write_json
+from .fill import MODES, generate_after, prefill
+from .maps import RidgeMaps, load_maps
+
+
+@dataclass
+class RunConfig:
+    """Sizes of the main job (defaults finish in about 10 minutes on 2 CPU cores with SmolLM2)."""
+
+    model: str | None = None
+    split: int = 15
+    tail: int = 256
+    calib_tokens: int = 65536
+    chunk: int = 1024
+    lam: float | str = "auto"
+    docs: int = 4
+    doc_tokens: int = 2048
+    gen_tokens: int = 16
+    repeats: int = 3
+    out: str = "ridgefill-out"
+    maps: str | None = None
+    threads: int | None = None
+    seed: int = 0
+    modes: tuple[str, ...] = MODES
+
+
+def evaluation_documents(tokenizer, texts: dict[str, str], docs: int, doc_tokens: int) -> list[torch.Tensor]:
+    """``docs`` documents of ``doc_tokens + 1`` consecutive tokens, evenly spaced over the given texts
+    (round-robin across texts). Raises :class:`InputError` if the texts are too short."""
+    streams = [torch.tensor(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts.values()]
+    need = doc_tokens + 1
+    per = [0] * len(streams)
+    for i in range(docs):
+        per[i % len(streams)] += 1
+    out: list[list[torch.Tensor]] = []
+    for ids, k in zip(streams, per):
+        room = ids.numel() // need
+        if k > room:
+            raise InputError(f"the evaluation text has room for {room} documents of {need} tokens in one book "
+                             f"but {k} were asked; lower --docs or --doc-tokens")
+        starts = torch.linspace(0, ids.numel() - need, k).long().tolist() if k else []
+        out.append([ids[s: s + need] for s in starts])
+    return [d for j in range(max(per)) for lst in out if j < len(lst) for d in [lst[j]]]
+
+
+def exact_row_nll(logits: torch.Tensor, doc: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """NLL (nats) of token ``p+1`` at each exact row ``p``: ``logits`` ``[1, rows, vocab]``, ``doc``
+    ``[N+1]``. Returns ``[rows]`` float64."""
+    logp = F.log_softmax(logits[0].double(), dim=-1)
+    targets = doc[positions + 1]
+    return -logp.gather(1, targets[:, None])[:, 0]
+
+
+def _timed_prefill(model, ids, maps, mode, tail, split) -> float:
+    t0 = time.perf_counter()
+    prefill(model, ids, maps, tail=tail, mode=mode, split=split)
+    return time.perf_counter() - t0
+
+
+def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool = True) -> tuple[RidgeMaps, Path, bool]:
+    """Load the maps at ``cfg.maps`` if they fit this model and split, else calibrate and save them there.
+    Returns ``(maps, path, calibrated_now)``."""
+    from .assets import CALIBRATION_BOOKS, load_texts
+    from .calibrate import calibrate
+
+    path = Path(cfg.maps) if cfg.maps else Path(cfg.out) / f"maps-S{cfg.split}.safetensors"
+    if path.exists():
+        try:
+            maps = load_maps(path)
+            maps.check_model(model, cfg.split)
+            same = (maps.meta.get("calibration_tokens", 0) >= cfg.calib_tokens * (1 - 1 / 8)
+                    and maps.meta.get("lambda_spec") == str(cfg.lam) and maps.meta.get("chunk") == cfg.chunk)
+            if same:
+                return maps, path, False
+        except (MapsFormatError, MapsMismatchError) as e:
+            print(f"existing maps at {path} not usable ({e}); calibrating anew")
+    texts = load_texts()
+    calib = {k: texts[k] for k in CALIBRATION_BOOKS}
+    maps = calibrate(model, tokenizer, calib, split=cfg.split, tokens=cfg.calib_tokens, chunk=cfg.chunk,
+                     lam=cfg.lam, model_name=model_name, progress=progress)
+    maps.save(path)
+    return maps, path, True
+
+
+def run(cfg: RunConfig, progress: bool = True) -> dict:
+    """Run the main job and return the report (also written to ``<out>/report.json``)."""
+    from .assets import EVALUATION_BOOKS, load_model, load_texts
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    t_start = time.perf_counter()
+    model, tok, name = load_model(cfg.model)
+    L = model.config.num_hidden_layers
+    if not 0 <= cfg.split <= L - 2:
+        raise InputError(f"--split {cfg.split} is out of range for a {L}-layer model: use 0..{L - 2}")
+    if cfg.tail >= cfg.doc_tokens:
+        raise InputError(f"--tail {cfg.tail} must be shorter than --doc-tokens {cfg.doc_tokens}")
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    if max_pos and cfg.doc_tokens + cfg.gen_tokens > max_pos:
+        raise InputError(f"--doc-tokens {cfg.doc_tokens} + --gen-tokens {cfg.gen_tokens} exceeds the model's "
+                         f"context of {max_pos} tokens")
+
+    t0 = time.perf_counter()
+    maps, maps_path, fresh = get_maps(model, tok, name, cfg, progress)
+    calib_s = time.perf_counter() - t0
+
+    texts = load_texts()
+    docs = evaluation_documents(tok, {k: texts[k] for k in EVALUATION_BOOKS}, cfg.docs, cfg.doc_tokens)
+    nll = {m: [] for m in cfg.modes}
+    agree = {m: [] for m in cfg.modes}
+    prefix = {m: [] for m in cfg.modes}
+    times = {m: [] for m in cfg.modes}
+    bar = tqdm(total=len(docs) * len(cfg.modes) + cfg.repeats + 1, desc="evaluate", unit="step",
+               disable=not progress)
+    for doc in docs:
+        ids = doc[None, :-1]
+        conts = {}
+        for mode in cfg.modes:
+            res = prefill(model, ids, maps, tail=cfg.tail, mode=mode, split=cfg.split, logits="exact")
+            nll[mode].append(exact_row_nll(res.logits, doc, res.exact_positions))
+            conts[mode] = generate_after(model, ids, res, cfg.gen_tokens)[0]
+            bar.update()
+        for mode in cfg.modes:
+            same = (conts[mode] == conts["exact"]).double()
+            agree[mode].append(float(same.mean()))
+            prefix[mode].append(int(same.cumprod(0).sum()))
+    # timing: warm-up, then repeats with every mode interleaved, on the first document
+    ids = docs[0][None, :-1]
+    for mode in cfg.modes:
+        _timed_prefill(model, ids, maps, mode, cfg.tail, cfg.split)
+    bar.update()
+    for _ in range(cfg.repeats):
+        for mode in cfg.modes:
+            times[mode].append(_timed_prefill(model, ids, maps, mode, cfg.tail, cfg.split))
+        bar.update()
+    bar.close()
+
+    exact_nll = torch.cat(nll["exact"]).mean().item() if "exact" in nll else math.nan
+    per_mode = {}
+    for mode in cfg.modes:
+        mean = torch.cat(nll[mode]).mean().item()
+        per_mode[mode] = {
+            "nll": mean, "delta_nll": mean - exact_nll,
+            "nll_per_doc": [float(v.mean()) for v in nll[mode]],
+            "agreement": statistics.fmean(agree[mode]), "common_prefix_tokens": prefix[mode],
+            "prefill_seconds": statistics.median(times[mode]), "prefill_seconds_all": times[mode],
+            "ratio_exact_over_mode": statistics.median(
+                [e / t for e, t in zip(times["exact"], times[mode])]) if "exact" in times else None,
+        }
+    report = {
+        "model": name, "model_hash": maps.meta.get("model_hash"), "num_layers": L, "split": cfg.split,
+        "tail": cfg.tail, "doc_tokens": cfg.doc_tokens, "documents": len(docs),
+        "scored_tokens_per_mode": len(docs) * cfg.tail, "gen_tokens": cfg.gen_tokens, "repeats": cfg.repeats,
+        "evaluation_books": list(EVALUATION_BOOKS), "maps_path": str(maps_path),
+        "calibrated_this_run": fresh, "calibration_seconds": calib_s,
+        "calibration_tokens": maps.meta.get("calibration_tokens"),
+        "heldout_tokens": maps.meta.get("heldout_tokens"), "lambda_spec": maps.meta.get("lambda_spec"),
+        "lambdas": maps.lambdas, "heldout_rel_error": maps.meta.get("heldout_rel_error"),
+        "heldout_rel_error_identity": maps.meta.get("heldout_rel_error_identity"),
+        "text_sha256": maps.meta.get("text_sha256"), "modes": per_mode,
+        "threads": torch.get_num_threads(), "machine": platform.machine(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "wall_seconds": time.perf_counter() - t_start,
+    }
+    write_json(Path(cfg.out) / "report.json", report)
+    return report
+
+
+def format_table(report: dict) -> str:
+    """The report as a plain-text table (what ``ridgefill run`` prints)."""
+    lines = [f"{report['model']}  S={report['split']}/{report['num_layers']}  tail={report['tail']}  "
+             f"docs={report['documents']}x{report['doc_tokens']} tokens  "
+             f"calibration={report['calibration_tokens']} tokens  λ={report['lambda_spec']}",
+             f"{'mode':<9}{'NLL':>8}{'ΔNLL':>9}{'agree':>8}{'prefix':>8}{'prefill s':>11}{'exact/mode':>12}"]
+    for mode, r in report["modes"].items():
+        ratio = "" if r["ratio_exact_over_mode"] is None else f"{r['ratio_exact_over_mode']:.2f}x"
+        lines.append(f"{mode:<9}{r['nll']:>8.3f}{r['delta_nll']:>+9.3f}{r['agreement']:>8.2f}"
+                     f"{statistics.fmean(r['common_prefix_tokens']):>8.1f}{r['prefill_seconds']:>11.3f}{ratio:>12}")
+    lines.append("NLL, ΔNLL: nats/token over the exact rows; agree: greedy tokens equal to exact's; prefix: "
+                 "mean common-prefix length; exact/mode: median ratio of interleaved prefill times")
+    return "\n".join(lines)

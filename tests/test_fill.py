@@ -1,0 +1,200 @@
+"""The fill prefill on tiny random Llama models: exactness, causality, oracle maps, decoding."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from ridgefill import InputError, RidgeMaps, generate_after, predict_inputs, prefill
+from ridgefill.adapters import adapter_for
+from conftest import tiny_llama
+
+S = 2
+
+
+def cache_kv(cache, layer):
+    return cache.layers[layer].keys, cache.layers[layer].values
+
+
+@torch.no_grad()
+def reference(model, ids):
+    cache = DynamicCache(config=model.config)
+    out = model(ids, cache=cache, use_cache=True, output_hidden_states=True)
+    return out
+
+
+def oracle_maps(model, ids, split):
+    """Maps that reproduce the true late-layer inputs of *these* rows: W = lstsq(h_S, x_l) exactly
+    when rows ≥ hidden (+1 for the bias). Used to check the fill path, not the fit."""
+    out = reference(model, ids)
+    h = out.hidden_states[split + 1][0].double()
+    ha = torch.cat([h, torch.ones(h.shape[0], 1, dtype=h.dtype)], 1)
+    ws, bs = [], []
+    for layer in range(split + 1, model.config.num_hidden_layers):
+        x = out.hidden_states[layer][0].double()
+        sol = torch.linalg.lstsq(ha, x).solution
+        ws.append(sol[:-1])
+        bs.append(sol[-1])
+    return RidgeMaps(split, torch.stack(ws).float(), torch.stack(bs).float(), [0.0] * len(ws))
+
+
+def test_exact_mode_equals_plain_forward(tiny, tiny_ids):
+    out = reference(tiny, tiny_ids)
+    res = prefill(tiny, tiny_ids, tail=tiny_ids.shape[1], mode="exact", logits="exact")
+    assert torch.equal(res.logits, out.logits)
+    for layer in range(tiny.config.num_hidden_layers):
+        for a, b in zip(cache_kv(res.cache, layer), cache_kv(out.cache, layer)):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["identity", "none", "ridge"])
+def test_tail_whole_prompt_equals_exact(tiny, tiny_ids, mode):
+    out = reference(tiny, tiny_ids)
+    maps = oracle_maps(tiny, tiny_ids[:1], S) if mode == "ridge" else None
+    res = prefill(tiny, tiny_ids, maps, tail=tiny_ids.shape[1], mode=mode, split=S, logits="exact")
+    torch.testing.assert_close(res.logits, out.logits, rtol=0, atol=2e-5)
+    for layer in range(tiny.config.num_hidden_layers):
+        for a, b in zip(cache_kv(res.cache, layer), cache_kv(out.cache, layer)):
+            torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("mode", ["identity", "none"])
+def test_lower_layers_exact_and_late_layers_differ(tiny, tiny_ids, mode):
+    out = reference(tiny, tiny_ids)
+    res = prefill(tiny, tiny_ids, tail=8, mode=mode, split=S)
+    for layer in range(S + 1):
+        for a, b in zip(cache_kv(res.cache, layer), cache_kv(out.cache, layer)):
+            torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
+    # the last layer's filled rows are predicted, not exact: the check above is not vacuous
+    k, _ = cache_kv(res.cache, 5)
+    if mode == "identity":
+        assert (k[:, :, :40] - out.cache.layers[5].keys[:, :, :40]).abs().max() > 1e-2
+    else:
+        assert k.shape[2] == 8  # mode none: late layers hold the exact rows only
+
+
+def test_identity_fill_first_late_layer_is_exact(tiny, tiny_ids):
+    """x_{S+1} = h_S, so the identity fill is exact at layer S+1 (and not beyond)."""
+    out = reference(tiny, tiny_ids)
+    res = prefill(tiny, tiny_ids, tail=8, mode="identity", split=S)
+    torch.testing.assert_close(res.cache.layers[S + 1].keys, out.cache.layers[S + 1].keys, rtol=0, atol=2e-5)
+
+
+def test_oracle_maps_give_exact_cache_and_logits():
+    model = tiny_llama(seed=3, hidden=96)
+    ids = torch.randint(0, 101, (1, 60), generator=torch.Generator().manual_seed(5))
+    maps = oracle_maps(model, ids, S)
+    out = reference(model, ids)
+    res = prefill(model, ids, maps, tail=6, mode="ridge", logits="exact")
+    for layer in range(model.config.num_hidden_layers):
+        for a, b in zip(cache_kv(res.cache, layer), cache_kv(out.cache, layer)):
+            torch.testing.assert_close(a, b, rtol=0, atol=5e-4)
+    torch.testing.assert_close(res.logits, out.logits[:, -6:], rtol=0, atol=5e-4)
+
+
+def test_oracle_maps_with_selected_exact_rows():
+    model = tiny_llama(seed=3, hidden=96)
+    ids = torch.randint(0, 101, (1, 60), generator=torch.Generator().manual_seed(5))
+    maps = oracle_maps(model, ids, S)
+    out = reference(model, ids)
+    rows = [0, 17, 41]
+    res = prefill(model, ids, maps, tail=4, exact_rows=rows, mode="ridge", logits="exact")
+    assert res.exact_positions.tolist() == rows + [56, 57, 58, 59]
+    torch.testing.assert_close(res.logits, out.logits[:, res.exact_positions], rtol=0, atol=5e-4)
+
+
+@pytest.mark.parametrize("mode", ["ridge", "identity", "none"])
+def test_causality_later_tokens_never_change_earlier_rows(tiny, tiny_ids, mode):
+    t = 30
+    maps = oracle_maps(tiny, tiny_ids[:1], S) if mode == "ridge" else None
+    changed = tiny_ids.clone()
+    changed[:, t + 1:] = (changed[:, t + 1:] + 7) % 101
+    a = prefill(tiny, tiny_ids, maps, tail=5, mode=mode, split=S)
+    b = prefill(tiny, changed, maps, tail=5, mode=mode, split=S)
+    for layer in range(tiny.config.num_hidden_layers):
+        ka, va = cache_kv(a.cache, layer)
+        kb, vb = cache_kv(b.cache, layer)
+        if ka.shape[2] == tiny_ids.shape[1]:  # every row present (not the late layers of mode none)
+            assert torch.equal(ka[:, :, : t + 1], kb[:, :, : t + 1])
+            assert torch.equal(va[:, :, : t + 1], vb[:, :, : t + 1])
+            assert not torch.equal(ka[:, :, t + 1:], kb[:, :, t + 1:])  # the change did reach later rows
+
+
+def test_every_row_has_a_cache_entry_at_every_layer(tiny, tiny_ids):
+    res = prefill(tiny, tiny_ids, tail=5, mode="identity", split=S)
+    for layer in range(tiny.config.num_hidden_layers):
+        k, v = cache_kv(res.cache, layer)
+        assert k.shape[2] == v.shape[2] == tiny_ids.shape[1]
+        assert torch.isfinite(k).all() and torch.isfinite(v).all()
+        assert (k.abs().sum(-1) > 0).all()  # no empty (zero) rows
+
+
+@pytest.mark.parametrize("mode", ["ridge", "identity", "none"])
+def test_decode_step_equals_prefill_with_one_more_exact_row(tiny, tiny_ids, mode):
+    """A decoding step after the fill is the full model on one more exact row."""
+    maps = oracle_maps(tiny, tiny_ids[:1], S) if mode == "ridge" else None
+    res = prefill(tiny, tiny_ids, maps, tail=5, mode=mode, split=S)
+    nxt = res.logits.argmax(-1)
+    with torch.no_grad():
+        step = tiny(nxt, cache=res.cache, use_cache=True).logits
+    longer = prefill(tiny, torch.cat([tiny_ids, nxt], 1), maps, tail=6, mode=mode, split=S)
+    torch.testing.assert_close(step, longer.logits, rtol=0, atol=2e-5)
+
+
+def test_generate_after_exact_fill_matches_exact():
+    model = tiny_llama(seed=3, hidden=96)
+    ids = torch.randint(0, 101, (1, 60), generator=torch.Generator().manual_seed(5))
+    maps = oracle_maps(model, ids, S)
+    ref = generate_after(model, ids, prefill(model, ids, tail=6, mode="exact"), 8)
+    got = generate_after(model, ids, prefill(model, ids, maps, tail=6, mode="ridge"), 8)
+    with torch.no_grad():
+        plain = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)[:, 60:]
+    assert torch.equal(ref, plain)
+    assert torch.equal(got, ref)
+
+
+def test_predict_inputs_identity_is_identity():
+    h = torch.randn(2, 5, 8)
+    assert torch.equal(predict_inputs(h, torch.eye(8), torch.zeros(8)), h)
+    w, b = torch.randn(8, 8), torch.randn(8)
+    torch.testing.assert_close(predict_inputs(h, w, b), h @ w + b)
+
+
+def test_bad_inputs(tiny, tiny_ids):
+    n = tiny_ids.shape[1]
+    with pytest.raises(InputError, match="tail"):
+        prefill(tiny, tiny_ids, tail=n + 1, mode="identity", split=S)
+    with pytest.raises(InputError, match="tail"):
+        prefill(tiny, tiny_ids, tail=0, mode="identity", split=S)
+    with pytest.raises(InputError, match="split"):
+        prefill(tiny, tiny_ids, tail=4, mode="identity", split=5)
+    with pytest.raises(InputError, match="split"):
+        prefill(tiny, tiny_ids, tail=4, mode="identity", split=-1)
+    with pytest.raises(InputError, match="mode"):
+        prefill(tiny, tiny_ids, tail=4, mode="fast", split=S)
+    with pytest.raises(InputError, match="needs maps"):
+        prefill(tiny, tiny_ids, tail=4, mode="ridge")
+    with pytest.raises(InputError, match="exact_rows"):
+        prefill(tiny, tiny_ids, tail=4, exact_rows=[n], mode="identity", split=S)
+    with pytest.raises(InputError, match="int64"):
+        prefill(tiny, tiny_ids.float(), tail=4, mode="identity", split=S)
+
+
+def test_nan_activations_raise(tiny_ids):
+    from ridgefill import NonFiniteError
+
+    model = tiny_llama(seed=4)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match="h_S"):
+        prefill(model, tiny_ids, tail=4, mode="identity", split=S)
+
+
+def test_adapter_kv_matches_transformers_cache(tiny, tiny_ids):
+    """The adapter's K/V for rows from their true layer input equal transformers' cache."""
+    out = reference(tiny, tiny_ids)
+    ad = adapter_for(tiny)
+    pos = torch.arange(tiny_ids.shape[1])
+    x = out.hidden_states[4]
+    k, v = ad.kv(4, x, ad.rope(pos, x))
+    torch.testing.assert_close(k, out.cache.layers[4].keys, rtol=0, atol=1e-5)
+    torch.testing.assert_close(v, out.cache.layers[4].values, rtol=0, atol=1e-5)

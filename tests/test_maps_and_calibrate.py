@@ -1,0 +1,157 @@
+"""Maps file round trip and validation; calibration on a tiny model; bad input gives clear errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ridgefill import (InputError, MapsFormatError, MapsMismatchError, RidgeMaps, load_maps, prefill)
+from ridgefill.calibrate import calibrate, calibration_chunks
+from conftest import tiny_llama
+
+S = 2
+
+
+class CharTokenizer:
+    """A tokenizer stand-in for tiny models: one token per byte, modulo the vocabulary."""
+
+    def __init__(self, vocab=101):
+        self.vocab = vocab
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [b % self.vocab for b in text.encode()]}
+
+
+TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. " * 40)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(seed=7)
+
+
+@pytest.fixture(scope="module")
+def maps(model):
+    return calibrate(model, CharTokenizer(), [TEXT, TEXT[::-1]], split=S, tokens=1024, chunk=128,
+                     lam="auto", model_name="tiny", progress=False)
+
+
+def test_calibrate_produces_valid_maps(model, maps):
+    L, d = model.config.num_hidden_layers, model.config.hidden_size
+    assert maps.split == S and maps.weights.shape == (L - S - 1, d, d) and maps.biases.shape == (L - S - 1, d)
+    assert maps.meta["calibration_tokens"] == 1024 and maps.meta["heldout_tokens"] == 128
+    assert all(v > 0 for v in maps.lambdas)
+    # x_{S+1} = h_S exactly, so the first late layer's map is the identity (Lean: ridge_eq_prior_of_exact)
+    torch.testing.assert_close(maps.weights[0], torch.eye(d), rtol=0, atol=1e-4)
+    torch.testing.assert_close(maps.biases[0], torch.zeros(d), rtol=0, atol=1e-4)
+    # and it beats the identity fill on held-out rows in the later layers
+    assert all(r <= ri + 1e-9 for r, ri in zip(maps.meta["heldout_rel_error"], maps.meta["heldout_rel_error_identity"]))
+
+
+def test_save_load_round_trip(tmp_path, model, maps):
+    path = maps.save(tmp_path / "m.safetensors")
+    back = load_maps(path)
+    assert back.split == maps.split and back.lambdas == maps.lambdas
+    assert torch.equal(back.weights, maps.weights) and torch.equal(back.biases, maps.biases)
+    assert back.meta["model_hash"] == maps.meta["model_hash"]
+    back.check_model(model, S)
+    ids = torch.randint(0, 101, (1, 40))
+    a = prefill(model, ids, maps, tail=4)
+    b = prefill(model, ids, back, tail=4)
+    assert torch.equal(a.logits, b.logits)
+
+
+def test_maps_from_another_model_or_split(model, maps):
+    other_arch = tiny_llama(seed=7, hidden=32)
+    with pytest.raises(MapsMismatchError, match="shapes|weights"):
+        maps.check_model(other_arch)
+    other_weights = tiny_llama(seed=8)
+    with pytest.raises(MapsMismatchError, match="other weights"):
+        maps.check_model(other_weights)
+    with pytest.raises(MapsMismatchError, match="split S=3"):
+        prefill(model, torch.randint(0, 101, (1, 20)), maps, tail=4, split=3)
+    deeper = tiny_llama(seed=7, layers=8)
+    with pytest.raises(MapsMismatchError):
+        prefill(deeper, torch.randint(0, 101, (1, 20)), maps, tail=4)
+
+
+def test_wrong_shapes_in_file(tmp_path, maps):
+    from safetensors.torch import save_file
+
+    meta = {"format_version": 1, "split": S, "lambdas": maps.lambdas}
+    save_file({"weights": maps.weights[:, :5].contiguous(), "biases": maps.biases}, tmp_path / "bad.safetensors",
+              metadata={"ridgefill": json.dumps(meta)})
+    with pytest.raises(MapsFormatError, match="inconsistent shapes"):
+        load_maps(tmp_path / "bad.safetensors")
+    save_file({"x": maps.biases}, tmp_path / "other.safetensors")
+    with pytest.raises(MapsFormatError, match="not a RidgeFill maps file"):
+        load_maps(tmp_path / "other.safetensors")
+
+
+def test_truncated_and_corrupted_files(tmp_path, maps):
+    path = maps.save(tmp_path / "m.safetensors")
+    raw = path.read_bytes()
+    (tmp_path / "trunc.safetensors").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(MapsFormatError, match="truncated or corrupted"):
+        load_maps(tmp_path / "trunc.safetensors")
+    (tmp_path / "garbage.safetensors").write_bytes(b"\x00\x01 not safetensors" * 10)
+    with pytest.raises(MapsFormatError):
+        load_maps(tmp_path / "garbage.safetensors")
+    nan = RidgeMaps(S, maps.weights.clone(), maps.biases.clone(), maps.lambdas, dict(maps.meta))
+    nan.weights[0, 0, 0] = float("nan")
+    nan.save(tmp_path / "nan.safetensors")
+    with pytest.raises(MapsFormatError, match="NaN"):
+        load_maps(tmp_path / "nan.safetensors")
+    with pytest.raises(InputError, match="does not exist"):
+        load_maps(tmp_path / "missing.safetensors")
+
+
+def test_failed_run_never_overwrites_existing_maps(tmp_path, model, maps, monkeypatch):
+    path = maps.save(tmp_path / "m.safetensors")
+    before = path.read_bytes()
+    import ridgefill.maps as maps_module
+
+    def broken_save(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(maps_module, "save_file", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        maps.save(path)
+    assert path.read_bytes() == before
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temp file left
+    # a calibration that fails (empty text) writes nothing either
+    with pytest.raises(InputError, match="empty"):
+        calibrate(model, CharTokenizer(), ["", "   "], split=S, tokens=256, chunk=64, progress=False)
+    assert path.read_bytes() == before
+
+
+def test_calibration_bad_input(model):
+    tok = CharTokenizer()
+    with pytest.raises(InputError, match="empty"):
+        calibration_chunks(tok, [], 100, 64)
+    with pytest.raises(InputError, match="fewer than chunk"):
+        calibration_chunks(tok, ["short"], 100, 64)
+    with pytest.raises(InputError, match="lower --calib-tokens"):
+        calibration_chunks(tok, [TEXT], 10 ** 6, 64)
+    with pytest.raises(InputError, match="split"):
+        calibrate(model, tok, [TEXT], split=5, tokens=256, chunk=64, progress=False)
+    with pytest.raises(InputError, match="split"):
+        calibrate(model, tok, [TEXT], split=-1, tokens=256, chunk=64, progress=False)
+
+
+def test_singular_gram_with_zero_lambda(model):
+    from ridgefill import SingularGramError
+
+    # 64 rows < hidden 64 + centring: the centred Gram is singular, so λ = 0 has no unique solution
+    with pytest.raises(SingularGramError, match="λ > 0"):
+        calibrate(model, CharTokenizer(), [TEXT], split=S, tokens=64, chunk=64, lam=0.0, progress=False)
+
+
+def test_calibration_chunks_spread_over_texts():
+    tok = CharTokenizer()
+    chunks = calibration_chunks(tok, ["a" * 640, "b" * 640], 256, 64)
+    assert len(chunks) == 4
+    firsts = {int(c[0]) for c in chunks}
+    assert firsts == {ord("a") % 101, ord("b") % 101}  # both texts used
