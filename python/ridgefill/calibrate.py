@@ -94,30 +94,53 @@ def collect_stats(model: torch.nn.Module, chunks: Sequence[Tensor], split: int, 
     Raises:
         InputError: split out of range or no chunks. NonFiniteError: NaN/Inf activations.
     """
+    return collect_stats_many(model, chunks, (split,), heldout_every=heldout_every, progress=progress)[split]
+
+
+@torch.inference_mode()
+def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits: Sequence[int], *,
+                       heldout_every: int = 8,
+                       progress: bool = True) -> dict[int, tuple[RidgeStats, RidgeStats]]:
+    """:func:`collect_stats` for several splits from one forward pass per chunk (the pass dominates).
+
+    Returns:
+        ``{S: (fit, heldout)}`` for every ``S`` in ``splits``; identical to calling
+        :func:`collect_stats` once per split.
+
+    Raises:
+        InputError: a split out of range, no splits or no chunks. NonFiniteError: NaN/Inf activations.
+    """
     adapter = adapter_for(model)
     L = adapter.num_layers
-    if not 0 <= split <= L - 2:
-        raise InputError(f"split S={split} is out of range: this model has {L} layers, so 0 ≤ S ≤ {L - 2}")
+    splits = sorted(set(int(s) for s in splits))
+    if not splits:
+        raise InputError("no split given: pass at least one split S")
+    for split in splits:
+        if not 0 <= split <= L - 2:
+            raise InputError(f"split S={split} is out of range: this model has {L} layers, so 0 ≤ S ≤ {L - 2}")
     if not chunks:
         raise InputError("no calibration chunks: the calibration text is empty")
-    late = L - split - 1
-    fit = RidgeStats(late, adapter.hidden_size)
-    held = RidgeStats(late, adapter.hidden_size)
+    stats = {s: (RidgeStats(L - s - 1, adapter.hidden_size), RidgeStats(L - s - 1, adapter.hidden_size))
+             for s in splits}
+    first = splits[0]
     device = next(model.parameters()).device
-    for i, ids in enumerate(tqdm(chunks, desc=f"calibrate S={split}", unit="chunk", disable=not progress)):
+    label = f"S={first}" if len(splits) == 1 else "S=" + ",".join(map(str, splits))
+    for i, ids in enumerate(tqdm(chunks, desc=f"calibrate {label}", unit="chunk", disable=not progress)):
         ids = ids.to(device)[None]
         positions = torch.arange(ids.shape[1], device=device)
         x = adapter.embed(ids)
         rope = adapter.rope(positions, x)
-        xs = []
+        xs = []  # outputs of layers first..L-2, i.e. inputs of layers first+1..L-1
         for layer in range(L - 1):
             shape = (1, adapter.num_kv_heads, ids.shape[1], adapter.head_dim)
             x = adapter.layer(layer, x, rope, positions, x.new_empty(shape), x.new_empty(shape))
-            if layer >= split:
+            if layer >= first:
                 xs.append(x[0])
-        target = held if i % heldout_every == heldout_every - 1 else fit
-        target.update(xs[0].cpu(), torch.stack(xs).cpu())
-    return fit, held
+        xs = torch.stack(xs).cpu()
+        held = i % heldout_every == heldout_every - 1
+        for split, (fit_s, held_s) in stats.items():
+            (held_s if held else fit_s).update(xs[split - first], xs[split - first:])
+    return stats
 
 
 def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *, split: int,
@@ -138,17 +161,33 @@ def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[
         InputError, SingularGramError, NonFiniteError: see :func:`calibration_chunks`,
         :func:`collect_stats` and :func:`ridgefill.ridge.fit_maps`.
     """
+    return calibrate_many(model, tokenizer, texts, splits=(split,), tokens=tokens, chunk=chunk, lam=lam,
+                          heldout_every=heldout_every, model_name=model_name, progress=progress)[split]
+
+
+def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *,
+                   splits: Sequence[int], tokens: int | None, chunk: int = 1024, lam: float | str = "auto",
+                   heldout_every: int = 8, model_name: str = "", progress: bool = True) -> dict[int, RidgeMaps]:
+    """:func:`calibrate` at several splits from one pass over the text (:func:`collect_stats_many`).
+
+    Returns:
+        ``{S: RidgeMaps}``, each identical to ``calibrate(..., split=S)`` with the same arguments.
+    """
     text_list = list(texts.values()) if isinstance(texts, Mapping) else list(texts)
     chunks = calibration_chunks(tokenizer, text_list, tokens, chunk)
     if lam == "auto" and len(chunks) < 2:
         raise InputError("λ='auto' needs at least 2 chunks (one held out); calibrate on more tokens or give λ")
     # hold out every heldout_every-th chunk (at least one when there are two or more chunks)
     every = min(heldout_every, len(chunks)) if len(chunks) >= 2 else len(chunks) + 1
-    fit, held = collect_stats(model, chunks, split, heldout_every=every, progress=progress)
-    result = fit_maps(fit, lam, held if held.count else None)
-    meta = {"model_name": model_name, "model_hash": model_hash(model),
-            "weight_fingerprint": weight_fingerprint(model), "calibration_tokens": fit.count + held.count,
-            "heldout_tokens": held.count, "chunk": chunk, "text_sha256": text_hash(text_list),
-            "lambda_spec": str(lam), "heldout_rel_error": result.heldout_rel_error,
-            "heldout_rel_error_identity": result.heldout_rel_error_identity}
-    return RidgeMaps(split, result.weights.float(), result.biases.float(), result.lambdas, meta, result.stats)
+    collected = collect_stats_many(model, chunks, splits, heldout_every=every, progress=progress)
+    out = {}
+    for split, (fit, held) in collected.items():
+        result = fit_maps(fit, lam, held if held.count else None)
+        meta = {"model_name": model_name, "model_hash": model_hash(model),
+                "weight_fingerprint": weight_fingerprint(model), "calibration_tokens": fit.count + held.count,
+                "heldout_tokens": held.count, "chunk": chunk, "text_sha256": text_hash(text_list),
+                "lambda_spec": str(lam), "heldout_rel_error": result.heldout_rel_error,
+                "heldout_rel_error_identity": result.heldout_rel_error_identity}
+        out[split] = RidgeMaps(split, result.weights.float(), result.biases.float(), result.lambdas, meta,
+                               result.stats)
+    return out

@@ -15,7 +15,7 @@ from .errors import RidgeFillError
 
 #: Modules that add their own subcommand: each defines ``add_subcommand(subparsers)``, which registers a
 #: parser whose ``func`` default is called with the parsed arguments.
-EXTRA_SUBCOMMANDS: tuple[str, ...] = ("certify", "bench")
+EXTRA_SUBCOMMANDS: tuple[str, ...] = ("certify", "bench", "evaluate.cli")
 
 
 def _lam(value: str):
@@ -128,9 +128,10 @@ def _cmd_generate(a) -> None:
     from .fill import generate_after, prefill
     from .maps import load_maps
 
-    model, tok, _ = load_model(a.model)
+    prompt = _read_text(a.prompt_file)
     maps = load_maps(a.maps) if a.maps else None
-    ids = torch.tensor([tok(_read_text(a.prompt_file), add_special_tokens=False)["input_ids"]])
+    model, tok, _ = load_model(a.model)
+    ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
     res = prefill(model, ids, maps, tail=min(a.tail, ids.shape[1]), mode=a.mode, split=a.split)
     new = generate_after(model, ids, res, a.max_new_tokens)
     print(tok.decode(new[0], skip_special_tokens=True))

@@ -11,7 +11,10 @@ Data path for a prompt of ``N`` rows, split ``S``, ``L`` layers:
    attending causally to the mixed cache (filled rows' predicted K/V, exact rows' true K/V).
 
 The result is a standard ``transformers`` cache holding K/V for every row at every layer, so
-decoding continues with ``model.generate`` and every decoding step runs the full model.
+decoding continues with ``model.generate`` and every decoding step runs the full model. In
+sliding-window layers (Gemma 3) only the last window of filled rows is ever read: filled rows that
+no exact row sees get no K/V there (:meth:`~ridgefill.adapters.DecoderAdapter.needed_filled_rows`),
+and the cache keeps the last ``window`` rows of those layers.
 
 Modes (one entry point for the method and its baselines):
 
@@ -29,16 +32,19 @@ Lean: ``KvaLean.Causality`` (``filled_causal``, ``lower_layers_exact``, ``exact_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Callable, Iterable, Literal
 
 import torch
 from torch import Tensor
 
 from .adapters import adapter_for
+from .adapters.base import record_sliding_windows, trim_sliding_windows
 from .errors import InputError, NonFiniteError
 from .maps import RidgeMaps
 
 Mode = Literal["ridge", "identity", "none", "exact"]
+#: ``kv_hook(layer, keys, values, filled_positions) -> (keys, values)``: see :func:`prefill`.
+KVHook = Callable[[int, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 MODES: tuple[str, ...] = ("exact", "ridge", "identity", "none")
 
 
@@ -110,7 +116,8 @@ def _check_finite(x: Tensor, where: str) -> None:
 @torch.inference_mode()
 def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = None, *, tail: int,
             exact_rows: Iterable[int] = (), mode: Mode = "ridge", split: int | None = None,
-            logits: Literal["last", "exact"] = "last") -> PrefillResult:
+            logits: Literal["last", "exact"] = "last", kv_hook: KVHook | None = None,
+            fast: bool = True) -> PrefillResult:
     """Prefill ``input_ids`` with RidgeFill (or a baseline) and return the cache and logits.
 
     Args:
@@ -122,6 +129,17 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         mode: ``"ridge"``, ``"identity"``, ``"none"`` or ``"exact"`` (see module docstring).
         split: ``S`` (``0 ≤ S ≤ L-2``); defaults to ``maps.split``; required for identity/none without maps.
         logits: ``"last"`` for the last row only, ``"exact"`` for every exact row.
+        kv_hook: evaluation extension point (splice tests, :mod:`ridgefill.evaluate.splice`): in modes
+            ``"ridge"``/``"identity"``, for each late layer ``l``, called as ``kv_hook(l, k, v, filled)``
+            with the filled rows' predicted keys (after RoPE) and values ``[batch, kv_heads, rows,
+            head_dim]`` and their positions ``filled`` ``[rows]``, before any exact row attends to them
+            (in sliding-window layers only the rows some exact row sees, see
+            :meth:`~ridgefill.adapters.DecoderAdapter.needed_filled_rows`);
+            it returns the ``(k, v)`` to write instead (same shapes). ``None``: no hook.
+        fast: in modes ``"ridge"``/``"identity"``, compute the filled rows' K/V of all late layers in
+            one batched step (:meth:`~ridgefill.adapters.LlamaAdapter.fill_kv`) when the adapter has
+            it, there is no ``kv_hook`` and every late layer reads every filled row; the values equal
+            the per-layer path's (``fast=False``, the reference) up to float rounding.
 
     Returns:
         :class:`PrefillResult`.
@@ -182,20 +200,51 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     if maps is not None and mode == "ridge":
         maps = maps.to(dtype=x.dtype, device=device)
     visible = None if mode != "none" else ~filled
-    for layer in range(split + 1, L):  # late layers
-        k, v = buffers()
-        if mode == "none":
+    late = range(split + 1, L)
+    batched_kv = None  # fast path: the filled rows' K/V of every late layer in one step, before the loop
+    if (fast and mode != "none" and kv_hook is None and fl.numel() and hasattr(adapter, "fill_kv")
+            and adapter.supports_fill_kv() and all(adapter.needed_filled_rows(i, fl, ex) is None for i in late)):
+        shape = (len(late), x.shape[0], adapter.num_kv_heads, n, adapter.head_dim)
+        batched_kv = x.new_empty(shape), x.new_empty(shape)
+        first, count = int(fl[0]), fl.numel()
+        contiguous = int(fl[-1]) - first + 1 == count
+        outs = ((batched_kv[0].narrow(3, first, count), batched_kv[1].narrow(3, first, count)) if contiguous
+                else (x.new_empty(shape[:3] + (count, shape[4])), x.new_empty(shape[:3] + (count, shape[4]))))
+        w, b = (maps.weights, maps.biases) if mode == "ridge" else (None, None)
+        adapter.fill_kv(late, h_fill, w, b, rope_fill, *outs)
+        if not contiguous:
+            batched_kv[0].index_copy_(3, fl, outs[0])
+            batched_kv[1].index_copy_(3, fl, outs[1])
+        del outs
+    for layer in late:  # late layers
+        k, v = buffers() if batched_kv is None else (batched_kv[0][layer - late[0]], batched_kv[1][layer - late[0]])
+        if batched_kv is not None:
+            pass  # the filled rows' K/V were written by adapter.fill_kv above
+        elif mode == "none":
             k[:, :, fl] = 0
             v[:, :, fl] = 0
         elif fl.numel():
-            x_hat = predict_inputs(h_fill, *maps.layer(layer)) if mode == "ridge" else h_fill
-            kf, vf = adapter.kv(layer, x_hat, rope_fill)
-            if fl.numel() == int(fl[-1]) + 1:  # filled rows are a prefix: write with a slice
-                k[:, :, : fl.numel()] = kf
-                v[:, :, : fl.numel()] = vf
+            # only the filled rows this layer can ever read (all, except in sliding-window layers)
+            need = adapter.needed_filled_rows(layer, fl, ex)
+            if need is None:
+                fl_l, h_l, rope_l = fl, h_fill, rope_fill
             else:
-                k[:, :, fl] = kf
-                v[:, :, fl] = vf
+                fl_l, h_l, rope_l = fl[need], _rows(h_fill, need, 1), rope_fill.rows(need)
+                if fl_l.numel() < fl.numel():
+                    k.zero_()  # rows left out hold zeros (never read; no uninitialised memory)
+                    v.zero_()
+            if fl_l.numel():
+                x_hat = predict_inputs(h_l, *maps.layer(layer)) if mode == "ridge" else h_l
+                kf, vf = adapter.kv(layer, x_hat, rope_l)
+                if kv_hook is not None:
+                    kf, vf = kv_hook(layer, kf, vf, fl_l)
+                first, last = int(fl_l[0]), int(fl_l[-1])
+                if fl_l.numel() == last - first + 1:  # contiguous filled rows: write with a slice
+                    k[:, :, first:last + 1] = kf
+                    v[:, :, first:last + 1] = vf
+                else:
+                    k[:, :, fl_l] = kf
+                    v[:, :, fl_l] = vf
         x = adapter.layer(layer, x, rope_ex, ex, k, v, visible=visible)
         if mode == "none":
             k, v = _rows(k, ex, 2), _rows(v, ex, 2)
@@ -204,9 +253,7 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
 
     out = adapter.logits(x[:, -1:] if logits == "last" else x)
     _check_finite(out, "the logits of the exact rows")
-    cache = adapter.new_cache()
-    for layer, (k, v) in enumerate(zip(keys, values)):
-        cache.update(k, v, layer)
+    cache = adapter.build_cache(keys, values)
     return PrefillResult(cache, out, ex, split, mode)
 
 
@@ -215,7 +262,9 @@ def _prefill_exact(model: torch.nn.Module, input_ids: Tensor, ex: Tensor, logits
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
+    record_sliding_windows(cache)  # sliding-window layers keep a whole window, so generate_after can crop(-1)
     out = model.get_decoder()(input_ids=input_ids, cache=cache, use_cache=True)
+    trim_sliding_windows(out.cache)
     hidden = out.last_hidden_state
     hidden = hidden[:, -1:] if logits == "last" else hidden[:, ex]
     result = model.get_output_embeddings()(hidden)
@@ -229,13 +278,22 @@ def generate_after(model: torch.nn.Module, input_ids: Tensor, result: PrefillRes
     """Greedy continuation from a prefilled cache: every decoding step runs the full model.
 
     The last prompt row is exact in every mode, so its cache entries are dropped and ``generate``
-    recomputes it (identically) as its first step. ``result.cache`` is consumed: it is cropped and
+    recomputes it (identically) as its first step (sliding-window layers keep a whole window for
+    that, see :func:`ridgefill.adapters.base.trim_sliding_windows`). ``result.cache`` is consumed: it is cropped and
     then extended by the decoding steps, so call this once per :class:`PrefillResult`.
 
     Returns:
         ``[batch, max_new_tokens]`` int64 new tokens.
     """
     cache = result.cache
+    seq = cache.get_seq_length()
+    for layer, entry in enumerate(cache.layers):  # sliding-window layers (Gemma 3) need a whole window
+        window = getattr(entry, "sliding_window", None)
+        if getattr(entry, "is_sliding", False) and entry.keys is not None and entry.keys.shape[-2] < min(seq, window):
+            raise InputError(f"cannot decode from this cache: sliding-window layer {layer} holds "
+                             f"{entry.keys.shape[-2]} rows, fewer than the min({seq}, {window}) that decoding "
+                             "needs. Mode 'none' with tail < sliding_window leaves late sliding layers with the "
+                             "exact rows only: use tail >= sliding_window or another mode")
     cache.crop(-1)
     out = model.generate(input_ids, cache=cache, max_new_tokens=max_new_tokens, do_sample=False,
                          min_new_tokens=max_new_tokens, pad_token_id=model.config.eos_token_id)

@@ -141,7 +141,7 @@ def maps_digest(weights: Tensor, biases: Tensor) -> str:
 def stats_path(maps_path: str | os.PathLike) -> Path:
     """The statistics file beside a maps file: ``<name>.stats.safetensors`` for ``<name>.safetensors``."""
     p = Path(maps_path)
-    stem = p.name[: -len(".safetensors")] if p.name.endswith(".safetensors") else p.name
+    stem = p.name.removesuffix(".safetensors")
     return p.with_name(stem + ".stats.safetensors")
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from ..errors import UnsupportedModelError
-from .base import DecoderAdapter, Rope, apply_rope
+from .base import DecoderAdapter, Rope, RopeByType, apply_rope
+from .gemma3 import Gemma3Adapter
 from .llama import LlamaAdapter
 
-ADAPTERS: tuple[type[DecoderAdapter], ...] = (LlamaAdapter,)
+ADAPTERS: tuple[type[DecoderAdapter], ...] = (LlamaAdapter, Gemma3Adapter)
 
 
 def adapter_for(model: torch.nn.Module) -> DecoderAdapter:
@@ -32,4 +33,4 @@ def adapter_for(model: torch.nn.Module) -> DecoderAdapter:
         "Add a subclass of ridgefill.adapters.DecoderAdapter for it.")
 
 
-__all__ = ["DecoderAdapter", "LlamaAdapter", "Rope", "adapter_for", "apply_rope"]
+__all__ = ["DecoderAdapter", "Gemma3Adapter", "LlamaAdapter", "Rope", "RopeByType", "adapter_for", "apply_rope"]

@@ -10,8 +10,20 @@ An adapter wraps a Hugging Face causal LM and exposes, per layer ``l``:
   to whatever those buffers hold (exact rows attending to the mixed cache).
 
 A new architecture is a new subclass overriding the few methods that differ: Qwen2/Qwen3 add
-q/k norms (override :meth:`project_qkv`), Gemma 3 has sliding-window layers (override
-:meth:`visible_keys`), recurrent-state layers replace the K/V buffers by a state update.
+q/k norms (override :meth:`project_qkv`), Gemma 3 (:mod:`ridgefill.adapters.gemma3`) also has
+sliding-window layers, per-layer-type RoPE and extra norms (overrides ``rope``, ``kv``, ``layer``,
+``visible_keys``, :meth:`needed_filled_rows`), recurrent-state layers replace the K/V buffers by a
+state update.
+
+:meth:`DecoderAdapter.rope` returns the RoPE tables of some rows as an object that the same adapter's
+``kv`` and ``layer`` understand and that has ``rows(index)`` (the tables of a subset of the rows): a
+:class:`Rope` for models with one RoPE (Llama), a :class:`RopeByType` (one :class:`Rope` per layer type)
+for models whose layer types use different RoPE bases (Gemma 3: local base in sliding-window layers,
+global base in full-attention layers).
+
+:meth:`DecoderAdapter.needed_filled_rows` says which filled rows' K/V a late layer can ever read
+(all of them, except in sliding-window layers), and :meth:`DecoderAdapter.build_cache` turns the
+per-layer K/V buffers into the ``transformers`` cache that decoding continues from.
 
 Shapes: hidden states ``[batch, rows, hidden]``; keys/values ``[batch, kv_heads, positions,
 head_dim]`` where the position axis is indexed by absolute position; positions are ``int64``
@@ -36,6 +48,58 @@ class Rope:
     def rows(self, index: Tensor | slice) -> "Rope":
         """The tables for a subset of the rows they were made for."""
         return Rope(self.cos[:, index], self.sin[:, index])
+
+
+@dataclass(frozen=True)
+class RopeByType:
+    """RoPE tables for some absolute positions, one :class:`Rope` per layer type.
+
+    ``tables`` maps a layer type (e.g. ``"sliding_attention"``, ``"full_attention"``) to the tables
+    ``[1, rows, head_dim]`` of that type; all are for the same rows.
+    """
+
+    tables: dict[str, Rope]
+
+    def rows(self, index: Tensor | slice) -> "RopeByType":
+        """The tables of every layer type for a subset of the rows they were made for."""
+        return RopeByType({t: r.rows(index) for t, r in self.tables.items()})
+
+    def __getitem__(self, layer_type: str) -> Rope:
+        try:
+            return self.tables[layer_type]
+        except KeyError:
+            raise KeyError(f"no RoPE tables for layer type {layer_type!r}; have {sorted(self.tables)}") from None
+
+
+def record_sliding_windows(cache) -> None:
+    """Make the sliding-window layers of a ``transformers`` cache keep every row they are given.
+
+    ``DynamicSlidingWindowLayer`` normally keeps the last ``window - 1`` rows, so ``cache.crop(-1)``
+    (which :func:`ridgefill.fill.generate_after` needs, to let ``generate`` recompute the last prompt
+    row) fails once the window is full, and the row the recomputed last row needs first is gone.
+    With past recording on, the layer keeps all rows until :func:`trim_sliding_windows`. Layers
+    without a sliding window are left alone. Call it on an empty cache, before any update.
+    """
+    for layer in getattr(cache, "layers", ()):
+        if getattr(layer, "is_sliding", False) and hasattr(layer, "activate_past_recording"):
+            layer.activate_past_recording()
+
+
+def trim_sliding_windows(cache) -> None:
+    """Keep only the last ``window`` rows of each sliding-window layer of a ``transformers`` cache.
+
+    That is one row more than ``transformers`` keeps after a prefill: after ``cache.crop(-1)`` the
+    layer holds the ``window - 1`` rows before the last prompt row, exactly what the recomputed last
+    row attends to besides itself. The sequence length (``cumulative_length``) is unchanged and the
+    kept rows are copied, so the memory of the older rows is freed.
+    """
+    for layer in getattr(cache, "layers", ()):
+        window = getattr(layer, "sliding_window", None)
+        if not getattr(layer, "is_sliding", False) or window is None or layer.keys is None:
+            continue
+        if layer.keys.shape[-2] > window:
+            layer.keys = layer.keys[:, :, -window:].clone()
+            layer.values = layer.values[:, :, -window:].clone()
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -66,7 +130,9 @@ class DecoderAdapter:
         raise NotImplementedError
 
     def rope(self, positions: Tensor, like: Tensor) -> Rope:
-        """RoPE tables for absolute ``positions`` ``[rows]``, in the dtype/device of ``like``."""
+        """RoPE tables for absolute ``positions`` ``[rows]``, in the dtype/device of ``like``: a
+        :class:`Rope` or another object with ``rows(index)`` that this adapter's :meth:`kv` and
+        :meth:`layer` take (e.g. :class:`RopeByType`)."""
         raise NotImplementedError
 
     def kv(self, layer: int, x: Tensor, rope: Rope) -> tuple[Tensor, Tensor]:
@@ -89,8 +155,44 @@ class DecoderAdapter:
         """Final norm and LM head on hidden states ``[batch, rows, hidden]`` -> ``[batch, rows, vocab]``."""
         raise NotImplementedError
 
+    def needed_filled_rows(self, layer: int, filled_positions: Tensor,
+                           exact_positions: Tensor) -> Tensor | None:
+        """Which filled rows' K/V ``layer`` can ever read: ``None`` for all of them, else the sorted
+        ``int64`` indices ``[k]`` into ``filled_positions`` of those that are needed.
+
+        Args:
+            filled_positions: sorted ``int64`` ``[F]``, the filled rows' absolute positions.
+            exact_positions: sorted ``int64`` ``[E]``, the exact rows (the last prompt row among them).
+
+        A filled row's K/V in a late layer are read only by exact rows attending to it and by later
+        decoding steps. With full causal attention every filled row is read (the last prompt row,
+        which is exact, sees all of them), so the default returns ``None``. Sliding-window layers
+        override it: there a row older than the window of every exact row at or after it is never
+        read, neither in the prefill nor in decoding (decoding steps see less far back than the last
+        prompt row). :func:`ridgefill.fill.prefill` computes no K/V for the rows left out and leaves
+        zeros in their place; they do not reach the returned cache (see :meth:`build_cache`).
+        """
+        return None
+
     def new_cache(self):
         """An empty ``transformers`` cache for this model."""
         from transformers import DynamicCache
 
         return DynamicCache(config=self.config)
+
+    def build_cache(self, keys: list[Tensor], values: list[Tensor]):
+        """The ``transformers`` cache holding ``keys[l]``/``values[l]`` ``[batch, kv_heads, rows,
+        head_dim]`` (rows in position order) for every layer ``l``, ready for decoding.
+
+        Sliding-window layers keep their last ``window`` rows (:func:`trim_sliding_windows`), one
+        more than ``transformers`` keeps, so that ``cache.crop(-1)`` works before ``generate``.
+        """
+        if len(keys) != self.num_layers or len(values) != self.num_layers:
+            raise ValueError(f"build_cache needs K/V for all {self.num_layers} layers; got "
+                             f"{len(keys)} keys and {len(values)} values")
+        cache = self.new_cache()
+        record_sliding_windows(cache)
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            cache.update(k, v, layer)
+        trim_sliding_windows(cache)
+        return cache

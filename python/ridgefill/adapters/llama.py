@@ -67,6 +67,123 @@ class LlamaAdapter(DecoderAdapter):
         k, v = self.project_kv(layer, h)
         return apply_rope(k, rope), v
 
+    # --- the fast map-plus-K/V step for filled rows (all late layers at once) ----------------
+    #: Upper bound, in bytes, of the predicted inputs ``x̂`` held at once by :meth:`fill_kv`
+    #: (``[layers, rows, hidden]``); longer prompts are processed in blocks of rows.
+    fill_chunk_bytes: int = 512 * 2 ** 20
+
+    def supports_fill_kv(self) -> bool:
+        """Whether :meth:`fill_kv` computes exactly what :meth:`kv` computes for this model: a plain
+        Llama layer (a subclass that changes the norm, the K/V projection or RoPE, e.g. Gemma 3 with
+        its q/k norms, returns ``False`` and the fill uses the per-layer path)."""
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        cls = type(self)
+        if (cls.kv is not LlamaAdapter.kv or cls.project_kv is not LlamaAdapter.project_kv
+                or cls.rope is not LlamaAdapter.rope):
+            return False
+        return all(type(b.input_layernorm) is LlamaRMSNorm for b in self.body.layers)
+
+    def _folded_kv(self, layers: range) -> tuple[Tensor, Tensor | None, float]:
+        """``([layers, d, 2·kv_dim], [layers, 2·kv_dim] or None, eps)``: each layer's fused K/V weight
+        (transposed) with its input-norm weight folded in, ``(g ⊙ [W_k; W_v])ᵀ``, and the K/V bias;
+        cached while the source weights are unchanged."""
+        blocks = [self.body.layers[i] for i in layers]
+        srcs = [t for b in blocks for t in (b.self_attn.k_proj.weight, b.self_attn.v_proj.weight,
+                                              b.input_layernorm.weight)]
+        key = (tuple(layers), tuple((t.data_ptr(), t._version) for t in srcs), srcs[0].dtype, srcs[0].device)
+        cached = getattr(self, "_fill_kv_cache", None)
+        if cached is None or cached[0] != key:
+            eps = {float(b.input_layernorm.variance_epsilon) for b in blocks}
+            with torch.inference_mode(False), torch.no_grad():
+                w = torch.stack([(torch.cat([b.self_attn.k_proj.weight, b.self_attn.v_proj.weight])
+                                  * b.input_layernorm.weight[None, :]).t() for b in blocks]).contiguous()
+                bias = None
+                if blocks[0].self_attn.k_proj.bias is not None:
+                    bias = torch.stack([torch.cat([b.self_attn.k_proj.bias, b.self_attn.v_proj.bias]) for b in blocks])
+            cached = (key, w, bias, eps)
+            self._fill_kv_cache = cached
+        _, w, bias, eps = cached
+        if len(eps) != 1:
+            raise ValueError(f"fill_kv needs one RMSNorm epsilon for all late layers; got {sorted(eps)}")
+        return w, bias, next(iter(eps))
+
+    @torch.no_grad()
+    def fill_kv(self, layers: range, h: Tensor, weights: Tensor | None, biases: Tensor | None, rope: Rope,
+                keys: Tensor, values: Tensor, *, batched: bool = True) -> None:
+        """Keys and values of the filled rows for every late layer in ``layers``, from the split state.
+
+        For each layer ``l``: ``x̂_l = h W_l + b_l`` (``h`` itself when ``weights`` is ``None``: the
+        identity fill), then the layer's input RMSNorm, fused K/V projection and RoPE, as :meth:`kv`
+        does, but computed as: one batched matmul for the maps of all layers, the RMS of each
+        ``x̂_l`` row (a norm reduction, no normalised copy), one batched matmul with the K/V weights
+        into which the norm weight ``g`` is folded (``(x̂/rms) (g ⊙ W)ᵀ = (x̂ (g ⊙ W)ᵀ)/rms``), and
+        RoPE written straight into ``keys``. Equal to :meth:`kv` up to float rounding.
+
+        Args:
+            layers: the late layers, consecutive (``S+1 .. L-1``).
+            h: ``[batch, rows, d]`` split state of the filled rows.
+            weights: ``[len(layers), d, d]`` or ``None``; biases: ``[len(layers), d]`` or ``None``
+                (model dtype and device).
+            rope: RoPE tables of the filled rows (``cos``/``sin`` ``[1, rows, head_dim]``).
+            keys, values: outputs ``[len(layers), batch, kv_heads, rows, head_dim]`` (may be strided
+                views into the cache buffers), written in place.
+            batched: ``True`` one batched matmul over layers; ``False`` one matmul per layer (same
+                values; kept for comparison, see ``ridgefill bench``).
+
+        Raises:
+            ValueError: shapes disagree, or the late layers use different norm epsilons.
+        """
+        late, (bsz, rows, d) = len(layers), h.shape
+        want = (late, bsz, self.num_kv_heads, rows, self.head_dim)
+        if tuple(keys.shape) != want or tuple(values.shape) != want:
+            raise ValueError(f"fill_kv outputs must be {want}; got {tuple(keys.shape)} and {tuple(values.shape)}")
+        if weights is not None and (tuple(weights.shape) != (late, d, d) or biases is None
+                                    or tuple(biases.shape) != (late, d)):
+            raise ValueError(f"fill_kv maps must be [{late}, {d}, {d}] and [{late}, {d}]; got "
+                             f"{None if weights is None else tuple(weights.shape)} and "
+                             f"{None if biases is None else tuple(biases.shape)}")
+        wkv, bkv, eps = self._folded_kv(layers)
+        kvd, half = self.num_kv_heads * self.head_dim, self.head_dim // 2
+        step = max(1, self.fill_chunk_bytes // (late * d * h.element_size()))
+        for b in range(bsz):
+            for r0 in range(0, rows, step):
+                r1 = min(rows, r0 + step)
+                hc = h[b, r0:r1]  # [m, d]
+                m = r1 - r0
+                if weights is None:  # identity: x̂_l = h for every layer
+                    rms = torch.linalg.vector_norm(hc, dim=-1, keepdim=True, dtype=torch.float32)
+                    scale = torch.rsqrt(rms.square_().div_(d).add_(eps)).to(h.dtype)  # [m, 1]
+                    kv = torch.matmul(hc, wkv)  # [late, m, 2·kv_dim]
+                elif batched:
+                    xh = torch.baddbmm(biases[:, None, :], hc.expand(late, m, d), weights)  # [late, m, d]
+                    rms = torch.linalg.vector_norm(xh, dim=-1, keepdim=True, dtype=torch.float32)
+                    scale = torch.rsqrt(rms.square_().div_(d).add_(eps)).to(h.dtype)  # [late, m, 1]
+                    kv = torch.bmm(xh, wkv)
+                    del xh
+                else:
+                    kv = hc.new_empty((late, m, 2 * kvd))
+                    scale = hc.new_empty((late, m, 1))
+                    for i in range(late):
+                        xh = torch.addmm(biases[i], hc, weights[i])
+                        rms = torch.linalg.vector_norm(xh, dim=-1, keepdim=True, dtype=torch.float32)
+                        scale[i] = torch.rsqrt(rms.square_().div_(d).add_(eps))
+                        torch.mm(xh, wkv[i], out=kv[i])
+                kv.mul_(scale)
+                if bkv is not None:
+                    kv.add_(bkv[:, None, :])
+                k = kv[..., :kvd].unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)
+                v = kv[..., kvd:].unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)
+                values[:, b, :, r0:r1].copy_(v)
+                # RoPE (x·cos + rotate_half(x)·sin) by halves, written into the keys: no temporaries
+                cos, sin = rope.cos[0, r0:r1], rope.sin[0, r0:r1]  # [m, head_dim]
+                out = keys[:, b, :, r0:r1]
+                k1, k2, o1, o2 = k[..., :half], k[..., half:], out[..., :half], out[..., half:]
+                torch.mul(k1, cos[:, :half], out=o1)
+                o1.addcmul_(k2, sin[:, :half], value=-1)
+                torch.mul(k2, cos[:, half:], out=o2)
+                o2.addcmul_(k1, sin[:, half:])
+
     def visible_keys(self, layer: int, positions: Tensor, num_keys: int,
                      visible: Tensor | None) -> Tensor | None:
         """Boolean attention mask ``[rows, num_keys]``: key ``j`` is visible to the row at position

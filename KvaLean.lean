@@ -1,0 +1,7 @@
+module
+
+public import KvaLean.LinAlg
+public import KvaLean.Ridge
+public import KvaLean.Identity
+public import KvaLean.Causality
+public import KvaLean.Certificate

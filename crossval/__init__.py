@@ -1,0 +1,1 @@
+"""Cross-validation of the KvaLean statements against the Python implementation (see README.md)."""

@@ -1,0 +1,78 @@
+"""Tiny random-weight Llama models and maps fitted on them through the project's own calibration, for
+the fill property tests (no download; each model is built once per session).
+
+Maps come from :func:`ridgefill.calibrate.calibrate` on random text with a one-character-per-token
+tokenizer, so they carry the model's hash and pass :meth:`ridgefill.RidgeMaps.check_model`.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import torch
+from hypothesis import strategies as st
+from ridgefill import RidgeMaps
+from ridgefill.calibrate import calibrate
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+VOCAB = 61
+#: (seed, layers, hidden, attention heads, KV heads): GQA and MHA, 3 to 5 layers.
+CONFIGS = ((0, 4, 32, 4, 2), (1, 5, 16, 2, 1), (2, 3, 24, 2, 2))
+
+
+@functools.cache
+def tiny_llama(index: int) -> LlamaForCausalLM:
+    """Model ``CONFIGS[index]``: float32 random weights, eval mode."""
+    seed, layers, hidden, heads, kv = CONFIGS[index]
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=256,
+                      rope_theta=10000.0, tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg).eval()
+
+
+class CharTokenizer:
+    """One token per character (``ord(c) mod VOCAB``): enough for :func:`ridgefill.calibrate.calibrate`."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [ord(c) % VOCAB for c in text]}
+
+
+def random_text(seed: int, chars: int) -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ,.;ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") for _ in range(chars))
+
+
+@functools.cache
+def fitted_maps(index: int, split: int, lam: float | str = "auto") -> RidgeMaps:
+    """Maps for ``tiny_llama(index)`` at ``split``, calibrated on 1024 random tokens (chunks of 64)."""
+    return calibrate(tiny_llama(index), CharTokenizer(), [random_text(index, 1024)], split=split, tokens=1024,
+                     chunk=64, lam=lam, model_name=f"tiny-{index}", progress=False)
+
+
+@torch.no_grad()
+def reference(model: LlamaForCausalLM, ids: torch.Tensor):
+    """The plain ``transformers`` forward: ``.cache``, ``.logits`` ``[batch, N, vocab]`` and
+    ``.hidden_states`` (entry ``l`` is the input of layer ``l``)."""
+    return model(ids, cache=DynamicCache(config=model.config), use_cache=True, output_hidden_states=True)
+
+
+def kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values ``[batch, kv_heads, rows, head_dim]`` of ``layer`` in a ``transformers`` cache."""
+    return cache.layers[layer].keys, cache.layers[layer].values
+
+
+@st.composite
+def prompts(draw, min_rows: int = 2, max_rows: int = 40):
+    """``(index, ids [batch, N], split, tail, exact_rows)`` for one of :data:`CONFIGS`."""
+    index = draw(st.integers(0, len(CONFIGS) - 1))
+    layers = CONFIGS[index][1]
+    n = draw(st.integers(min_rows, max_rows))
+    batch = draw(st.integers(1, 2))
+    ids = torch.tensor(draw(st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n),
+                                     min_size=batch, max_size=batch)), dtype=torch.long)
+    split = draw(st.integers(0, layers - 2))
+    tail = draw(st.integers(1, n))
+    exact_rows = draw(st.lists(st.integers(0, n - 1), max_size=3, unique=True))
+    return index, ids, split, tail, exact_rows

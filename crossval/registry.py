@@ -1,0 +1,228 @@
+"""The statement registry: every KvaLean theorem, the Python it constrains and the crossval tests that
+check it.
+
+One :class:`Entry` per public theorem of ``KvaLean/*.lean``. ``python`` names the functions whose
+behaviour the theorem states (dotted paths that import); ``tests`` names the crossval tests that
+check that behaviour (``<file>::<function>`` under ``crossval/``). Supporting lemmas (the linear
+algebra the main theorems are proved from) state no Python behaviour of their own: their entry has
+``python=()`` and lists the tests of the statements they support. ``test_registry.py`` fails when an
+entry names a theorem the Lean sources lack, when a public theorem has no entry, when a Python name
+or test does not exist, or when a Lean file holds ``sorry``, ``admit``, ``native_decide`` or an axiom.
+
+When a Python function changes behaviour, look it up here to find the theorem and tests to revisit.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LEAN_DIR = ROOT / "KvaLean"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """``theorem``: fully qualified Lean name; ``file``: its source, relative to the repository root;
+    ``python``: dotted names of the functions it constrains; ``tests``: ``<file>::<test>`` in crossval;
+    ``note``: what is checked, in a phrase."""
+
+    theorem: str
+    file: str
+    python: tuple[str, ...]
+    tests: tuple[str, ...]
+    note: str = ""
+
+    def __post_init__(self):  # a test named twice (families overlap) is listed once
+        object.__setattr__(self, "tests", tuple(dict.fromkeys(self.tests)))
+
+
+_R = "test_ridge_props.py::"
+_F = "test_fill_props.py::"
+_C = "test_certificates.py::"
+_SOLVE = ("ridgefill.ridge.solve_ridge",)
+_FIT = ("ridgefill.ridge.fit_maps", "ridgefill.ridge.solve_ridge")
+_FILL = ("ridgefill.fill.prefill",)
+_PREDICT = ("ridgefill.fill.predict_inputs",)
+_CHECK = ("ridgefill.certify.check_certificate",)
+_EXPORT = ("ridgefill.certify.export_lean_certificate", "ridgefill.ridge.solve_ridge")
+
+# the families of crossval tests
+GAP = (_R + "test_gap_identity",)
+OPTIMAL = (_R + "test_no_perturbation_lowers_objective", _R + "test_gap_identity")
+UNIQUE = (_R + "test_minimiser_unique",)
+NORMAL_EQ = (_R + "test_solve_matches_exact_minimiser",)
+RATE = (_R + "test_identity_rate",)
+EXACT_TARGETS = (_R + "test_exact_targets_give_identity",)
+IDENTITY_FILL = (_F + "test_identity_fill_is_ridge_fill_with_identity_maps",)
+CAUSAL = (_F + "test_later_tokens_never_change_earlier_rows",)
+LOWER = (_F + "test_lower_layers_exact",)
+EXACT_ROWS = (_F + "test_exact_rows_exact_when_filled_cache_exact",)
+EXACT_MODE = (_F + "test_no_filled_rows_is_exact_mode",)
+NO_DROP = (_F + "test_every_row_has_a_cache_entry_at_every_layer",)
+NUMERIC_CERTS = (_C + "test_certify_cli_on_tiny_calibrations", _C + "test_real_model_certificates",
+                 _C + "test_certificates_reject_wrong_maps_and_tampering")
+EXACT_CERTS = (_C + "test_exact_certificates_from_rational_data", _C + "test_committed_lean_certificates",
+               _C + "test_real_model_certificates")
+LEAN_EXAMPLE = (_C + "test_certificate_lean_example",)
+
+
+def _entries(file: str, names: str, python: tuple[str, ...], tests: tuple[str, ...], note: str = "") -> tuple[Entry, ...]:
+    """One entry per name in the whitespace-separated ``names`` (``KvaLean.`` prefixed), all alike."""
+    return tuple(Entry(f"KvaLean.{n}", f"KvaLean/{file}.lean", python, tests, note) for n in names.split())
+
+
+REGISTRY: tuple[Entry, ...] = (
+    # ---- KvaLean/Ridge.lean: the closed-form solve is the minimiser --------------------------------
+    Entry("KvaLean.ridge_gap", "KvaLean/Ridge.lean", _SOLVE, GAP,
+          "J(w) = J(w★) + ‖X(w − w★)‖² + λ‖w − w★‖² at a normal-equation solution"),
+    Entry("KvaLean.ridge_optimal", "KvaLean/Ridge.lean", _SOLVE, OPTIMAL + NUMERIC_CERTS,
+          "λ ≥ 0: the normal-equation solution minimises J"),
+    Entry("KvaLean.ridge_unique", "KvaLean/Ridge.lean", _SOLVE, UNIQUE + NUMERIC_CERTS,
+          "λ > 0: at most one solution of the normal equations"),
+    Entry("KvaLean.normal_eq_of_isMin", "KvaLean/Ridge.lean", _SOLVE, NORMAL_EQ + OPTIMAL,
+          "a minimiser solves the normal equations"),
+    Entry("KvaLean.ridge_isMin_unique", "KvaLean/Ridge.lean", _SOLVE, UNIQUE, "λ > 0: the minimiser is unique"),
+    Entry("KvaLean.ridgeObjMulti_eq_sum", "KvaLean/Ridge.lean", _SOLVE, GAP + NORMAL_EQ,
+          "the Frobenius objective is the sum of the column objectives"),
+    Entry("KvaLean.ridge_multi_optimal", "KvaLean/Ridge.lean", _SOLVE, OPTIMAL + NORMAL_EQ,
+          "multi-output: W_l minimises the Frobenius objective"),
+    Entry("KvaLean.ridge_multi_unique", "KvaLean/Ridge.lean", _SOLVE, UNIQUE, "multi-output: W_l is unique"),
+    Entry("KvaLean.intercept_optimal", "KvaLean/Ridge.lean", ("ridgefill.ridge.fit_maps",), OPTIMAL,
+          "b = ȳ − x̄ w minimises over the intercept"),
+    Entry("KvaLean.interceptObj_eq_centred", "KvaLean/Ridge.lean", _FIT, GAP + OPTIMAL,
+          "with that intercept the objective is the centred ridge objective"),
+    Entry("KvaLean.fit_maps_optimal", "KvaLean/Ridge.lean", _FIT, OPTIMAL + GAP,
+          "centred solve plus intercept minimises over (w, b)"),
+    *_entries("Ridge", "ridgeObj_add ridgeGrad_eq_zero normalEq_of_grad quad_nonneg_forces_zero", _SOLVE,
+              GAP + OPTIMAL + UNIQUE, "supporting lemma"),
+    *_entries("Ridge", "card_pos sum_sq_shift sum_residual_eq", ("ridgefill.ridge.fit_maps",), GAP + OPTIMAL,
+              "supporting lemma (intercept)"),
+    # ---- KvaLean/Identity.lean: large λ gives the identity fill -------------------------------------
+    Entry("KvaLean.identity_fill_eq", "KvaLean/Identity.lean", _PREDICT + _FILL, IDENTITY_FILL,
+          "W = I, b = 0 is the identity fill"),
+    Entry("KvaLean.affineMap_idMat_zero", "KvaLean/Identity.lean", _PREDICT, IDENTITY_FILL, "h I + 0 = h"),
+    Entry("KvaLean.ridge_identity_rate", "KvaLean/Identity.lean", _SOLVE, RATE, "λ²‖W_λ − I‖² ≤ ‖Xᵀ(Y − X)‖²"),
+    Entry("KvaLean.ridge_tendsto_identity", "KvaLean/Identity.lean", _SOLVE, RATE, "W_λ → I as λ → ∞"),
+    Entry("KvaLean.ridge_eq_prior_of_exact", "KvaLean/Identity.lean", _SOLVE, EXACT_TARGETS,
+          "targets equal to the inputs give W = I"),
+    *_entries("Identity", "sum_ite_eq", _PREDICT, IDENTITY_FILL, "supporting lemma"),
+    # ---- KvaLean/Causality.lean: the fill prefill ---------------------------------------------------
+    Entry("KvaLean.Decoder.filled_causal", "KvaLean/Causality.lean", _FILL, CAUSAL, "rows ≤ t ignore tokens after t"),
+    Entry("KvaLean.Decoder.input_causal", "KvaLean/Causality.lean", _FILL, CAUSAL, "the same for the exact model"),
+    Entry("KvaLean.Decoder.lower_layers_exact", "KvaLean/Causality.lean", _FILL, LOWER, "layers ≤ S are exact"),
+    Entry("KvaLean.Decoder.lower_cache_exact", "KvaLean/Causality.lean", _FILL, LOWER,
+          "cache entries of layers ≤ S are exact"),
+    Entry("KvaLean.Decoder.exact_rows_exact", "KvaLean/Causality.lean", _FILL, EXACT_ROWS,
+          "exact filled cache ⇒ every layer input and cache entry exact"),
+    Entry("KvaLean.Decoder.exact_row_output", "KvaLean/Causality.lean", _FILL, EXACT_ROWS,
+          "… and every exact row and decoding step has the exact output"),
+    Entry("KvaLean.Decoder.exact_mode", "KvaLean/Causality.lean", _FILL, EXACT_MODE,
+          "no filled rows: the filled model is the exact model"),
+    Entry("KvaLean.Decoder.no_token_dropped", "KvaLean/Causality.lean", _FILL, NO_DROP,
+          "a cache entry for every row at every layer, from the row's input or its prediction"),
+    *_entries("Causality", "Decoder.fillInput_succ Decoder.fillInput_causal", _FILL, CAUSAL, "supporting lemma"),
+    # ---- KvaLean/Certificate.lean: the exact checker ------------------------------------------------
+    Entry("KvaLean.RidgeInstance.check_sound", "KvaLean/Certificate.lean", _CHECK, EXACT_CERTS,
+          "an accepted certificate solves the normal equations exactly"),
+    Entry("KvaLean.RidgeInstance.optimal_of_check", "KvaLean/Certificate.lean", _EXPORT, EXACT_CERTS,
+          "an accepted certificate's W is the minimiser"),
+    Entry("KvaLean.RidgeInstance.unique_of_check", "KvaLean/Certificate.lean", _CHECK, EXACT_CERTS,
+          "λ > 0: and the only one"),
+    Entry("KvaLean.exampleInstance_check", "KvaLean/Certificate.lean", _CHECK, LEAN_EXAMPLE,
+          "the committed example passes"),
+    Entry("KvaLean.exampleInstance_optimal", "KvaLean/Certificate.lean", ("ridgefill.certify.export_lean_certificate",),
+          LEAN_EXAMPLE, "the committed example is optimal"),
+    Entry("KvaLean.badInstance_rejected", "KvaLean/Certificate.lean", _CHECK, LEAN_EXAMPLE,
+          "the perturbed example is rejected"),
+    *_entries("Certificate", "allFin_spec", _CHECK, EXACT_CERTS, "supporting lemma"),
+    # ---- KvaLean/LinAlg.lean: finite sums and vectors ------------------------------------------------
+    *_entries("LinAlg", "fin_cases_last sum_zero_dim sum_succ sum_congr sum_const_zero sum_lin sum_lin_of sum_add "
+              "mul_sum sum_mul sum_eq_lin3 sum_comm sum_nonneg sum_le_sum sum_eq_zero_iff_of_nonneg mul_self_nonneg "
+              "mul_self_eq_zero normSq_nonneg normSq_eq_zero_iff dot_comm dot_zero_left dot_add_smul_left "
+              "dot_add_right dot_smul_right normSq_add normSq_smul normSq_add_smul matTVec_sub dot_matVec",
+              _SOLVE, GAP + OPTIMAL + UNIQUE + RATE, "supporting lemma"),
+    *_entries("LinAlg", "matVec_add matVec_smul matVec_sub", _PREDICT + _SOLVE, GAP + IDENTITY_FILL,
+              "supporting lemma"),
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# reading the Lean sources
+# --------------------------------------------------------------------------------------------------
+
+_TOKEN = re.compile(r"(?m)^\s*(?:@\[[^\]]*\]\s*)*((?:private|protected|noncomputable|public|nonrec)\s+)*"
+                    r"(theorem|lemma|namespace|section|end|def|abbrev|structure|instance|axiom)\b[ \t]*([^\s:({\[]*)")
+
+
+def lean_files() -> list[Path]:
+    """Every ``KvaLean/*.lean`` file (and ``KvaLean.lean``), sorted."""
+    files = sorted(LEAN_DIR.glob("**/*.lean"))
+    top = ROOT / "KvaLean.lean"
+    return ([top] if top.is_file() else []) + files
+
+
+def code_of(path: Path) -> str:
+    """The Lean source with comments (``--``, nested ``/- -/``, docstrings) and the contents of string
+    and character literals blanked out, line structure kept."""
+    text, out, i, n = path.read_text(encoding="utf-8"), [], 0, 0
+    n = len(text)
+    while i < n:
+        c2 = text[i:i + 2]
+        if c2 == "/-":
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if text.startswith("/-", i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith("-/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    out.append("\n" if text[i] == "\n" else "")
+                    i += 1
+            out.append(" ")
+        elif c2 == "--":
+            while i < n and text[i] != "\n":
+                i += 1
+        elif text[i] == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            out.append('""')
+            i += 1
+        elif text[i] == "'" and i + 2 < n and (text[i + 2] == "'" or text[i + 1] == "\\"):
+            end = text.find("'", i + 2 if text[i + 1] != "\\" else i + 3)
+            out.append("' '")
+            i = end + 1 if end > 0 else n
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def theorems(path: Path) -> dict[str, bool]:
+    """Fully qualified theorem (and lemma) names declared in ``path``, each mapped to whether it is
+    public (not ``private``). Tracks ``namespace``/``section``/``end``."""
+    out: dict[str, bool] = {}
+    scopes: list[tuple[str, str]] = []  # (kind, name)
+    for m in _TOKEN.finditer(code_of(path)):
+        mods, kind, name = m.group(1) or "", m.group(2), m.group(3)
+        if kind == "namespace":  # `namespace A.B` opens two scopes, `end A.B` closes both
+            scopes += [("namespace", part) for part in name.split(".")]
+        elif kind == "section":
+            scopes += [("section", part) for part in name.split(".")] if name else [("section", "")]
+        elif kind == "end":
+            del scopes[len(scopes) - (name.count(".") + 1 if name else 1):]
+        elif kind in ("theorem", "lemma") and name:
+            ns = ".".join(n for k, n in scopes if k == "namespace" and n)
+            full = name[len("_root_."):] if name.startswith("_root_.") else (f"{ns}.{name}" if ns else name)
+            out[full] = "private" not in mods
+    return out
+
+
+FORBIDDEN = re.compile(r"(?m)\b(sorry|admit|native_decide|sorryAx)\b|^\s*(?:private\s+|protected\s+)?axiom\s")
+
+
+def forbidden(path: Path) -> list[str]:
+    """``sorry``/``admit``/``native_decide``/``axiom`` occurrences in the code of ``path`` (not comments)."""
+    return [m.group(0).strip() for m in FORBIDDEN.finditer(code_of(path))]

@@ -1,0 +1,196 @@
+"""Property tests of ``KvaLean.Causality`` (and ``Identity.identity_fill_eq``) on the real fill.
+
+Every example runs :func:`ridgefill.prefill` on a tiny random Llama (:mod:`crossval.models`) with a
+prompt, split, tail and exact rows drawn by Hypothesis, in modes ``ridge`` (maps fitted by the project's
+calibration), ``identity`` and ``none``, and compares its cache (``[batch, kv_heads, rows, head_dim]``
+per layer) and logits with the plain ``transformers`` forward. Cache rows are absolute positions.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from ridgefill import RidgeMaps, exact_positions, predict_inputs, prefill
+from ridgefill.adapters import adapter_for
+
+from crossval import tally
+from crossval.models import (
+    CONFIGS,
+    VOCAB,
+    fitted_maps,
+    kv,
+    prompts,
+    reference,
+    tiny_llama,
+)
+
+modes = st.sampled_from(["ridge", "identity", "none", "exact"])
+ATOL = 2e-5  # the adapter's layer code against transformers' (float32, tiny models)
+
+
+def run(index, ids, split, tail, exact_rows, mode, logits="last"):
+    model = tiny_llama(index)
+    maps = fitted_maps(index, split) if mode == "ridge" else None
+    return prefill(model, ids, maps, tail=tail, exact_rows=exact_rows, mode=mode, split=split, logits=logits)
+
+
+@given(prompts(), modes, st.data())
+def test_later_tokens_never_change_earlier_rows(prompt, mode, data):
+    """Causality: changing the tokens after row ``t`` leaves every cache row ``≤ t`` of every layer
+    bitwise unchanged (filled and exact rows alike, in the fill modes and the exact model), and does
+    change row ``t + 1``."""
+    index, ids, split, tail, exact_rows = prompt
+    n = ids.shape[1]
+    t = data.draw(st.integers(0, n - 2), label="t")
+    shift = torch.tensor(data.draw(st.lists(st.integers(1, VOCAB - 1), min_size=n - t - 1, max_size=n - t - 1),
+                                   label="token changes"))
+    changed = ids.clone()
+    changed[:, t + 1:] = (changed[:, t + 1:] + shift) % VOCAB
+    a = run(index, ids, split, tail, exact_rows, mode)
+    b = run(index, changed, split, tail, exact_rows, mode)
+    for layer in range(CONFIGS[index][1]):
+        (ka, va), (kb, vb) = kv(a.cache, layer), kv(b.cache, layer)
+        # rows held at this layer: every position, or (mode none, late layers) the exact rows only
+        pos = torch.arange(n) if ka.shape[2] == n else a.exact_positions
+        early = pos <= t
+        assert torch.equal(ka[:, :, early], kb[:, :, early]), f"layer {layer}: keys of rows ≤ {t} changed"
+        assert torch.equal(va[:, :, early], vb[:, :, early]), f"layer {layer}: values of rows ≤ {t} changed"
+    k0a, k0b = kv(a.cache, 0)[0], kv(b.cache, 0)[0]
+    assert not torch.equal(k0a[:, :, t + 1], k0b[:, :, t + 1])  # the change reached row t + 1
+    tally.example()
+
+
+@given(prompts(), st.data())
+def test_lower_layers_exact(prompt, data):
+    """Layers ``0..S`` of the fill's cache equal the plain forward's in every mode, and are the same
+    bits whatever the mode, maps, tail or exact rows."""
+    index, ids, split, tail, exact_rows = prompt
+    ref = reference(tiny_llama(index), ids)
+    results = [run(index, ids, split, tail, exact_rows, mode) for mode in ("ridge", "identity", "none")]
+    other_tail = data.draw(st.integers(1, ids.shape[1]), label="other tail")
+    results.append(run(index, ids, split, other_tail, [], "identity"))
+    for layer in range(split + 1):
+        want = kv(ref.cache, layer)
+        first = kv(results[0].cache, layer)
+        for got, exp in zip(first, want):
+            torch.testing.assert_close(got, exp, rtol=0, atol=ATOL)
+        for res in results[1:]:
+            for got, exp in zip(kv(res.cache, layer), first):
+                assert torch.equal(got, exp)
+    tally.example()
+
+
+@given(prompts(), st.sampled_from(["identity-last-split", "oracle-maps"]), st.integers(0, 2 ** 31))
+def test_exact_rows_exact_when_filled_cache_exact(prompt, scenario, seed):
+    """When every filled row's cache entry is exact, the exact rows' logits (and cache) are exact, and
+    so is a decoding step after the prompt.
+
+    Two ways to make the filled cache exact: the identity fill at ``S = L − 2`` (the one late layer's
+    input is ``h_S`` itself), and maps that interpolate the filled rows' true late-layer inputs (at most
+    ``d`` filled rows of generic tokens, drawn from ``seed``, so the least-squares fit is exact). The
+    precondition is checked, then the conclusion."""
+    index, ids, split, tail, exact_rows = prompt
+    model = tiny_llama(index)
+    layers, hidden = CONFIGS[index][1], CONFIGS[index][2]
+    batch, n = ids.shape
+    if scenario == "identity-last-split":
+        split, maps, mode, pre_tol = layers - 2, None, "identity", ATOL
+        ref = reference(model, ids)
+    else:
+        ids = torch.randint(0, VOCAB, ids.shape, generator=torch.Generator().manual_seed(seed))
+        tail = max(tail, n - hidden // batch)  # at most hidden filled rows in the whole batch
+        ref = reference(model, ids)
+        filled = torch.ones(n, dtype=torch.bool)
+        filled[exact_positions(n, tail, exact_rows)] = False
+        maps, mode, pre_tol = oracle_maps(ref, split, layers, filled), "ridge", 1e-4
+    res = prefill(model, ids, maps, tail=tail, exact_rows=exact_rows, mode=mode, split=split, logits="exact")
+    for layer in range(layers):  # precondition: the filled (and every) cache row is exact
+        for got, exp in zip(kv(res.cache, layer), kv(ref.cache, layer)):
+            torch.testing.assert_close(got, exp, rtol=0, atol=pre_tol)
+    torch.testing.assert_close(res.logits, ref.logits[:, res.exact_positions], rtol=0, atol=10 * pre_tol)
+    # a decoding step after the prompt is one more exact row: its output is exact too
+    nxt = res.logits[:, -1:].argmax(-1)
+    with torch.no_grad():
+        step = model(nxt, cache=res.cache, use_cache=True).logits
+    longer = reference(model, torch.cat([ids, nxt], 1))
+    torch.testing.assert_close(step, longer.logits[:, -1:], rtol=0, atol=10 * pre_tol)
+    tally.example()
+
+
+@given(prompts(), st.sampled_from(["ridge", "identity", "none"]), st.booleans())
+def test_no_filled_rows_is_exact_mode(prompt, mode, by_exact_rows):
+    """With no filled row (a tail of the whole prompt, or every earlier row listed as exact) each fill
+    mode is the exact model: same logits at every row and the same cache."""
+    index, ids, split, _, _ = prompt
+    n = ids.shape[1]
+    tail, rows = (1, list(range(n - 1))) if by_exact_rows else (n, [])
+    res = run(index, ids, split, tail, rows, mode, logits="exact")
+    exact = prefill(tiny_llama(index), ids, tail=tail, exact_rows=rows, mode="exact", logits="exact")
+    assert res.exact_positions.tolist() == list(range(n))
+    torch.testing.assert_close(res.logits, exact.logits, rtol=0, atol=ATOL)
+    for layer in range(CONFIGS[index][1]):
+        for got, want in zip(kv(res.cache, layer), kv(exact.cache, layer)):
+            torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
+    tally.example()
+
+
+def oracle_maps(ref, split: int, layers: int, rows: torch.Tensor) -> RidgeMaps:
+    """Maps that reproduce the true late-layer inputs of the prompt's ``rows`` (bool ``[N]``):
+    ``[h_S 1] [W; b] = x_l`` by least squares over those rows of every batch entry, an exact
+    interpolation when there are at most ``hidden`` of them and they are generic."""
+    h = ref.hidden_states[split + 1][:, rows].double().flatten(0, 1)
+    ha = torch.cat([h, torch.ones(h.shape[0], 1, dtype=h.dtype)], 1)
+    ws, bs = [], []
+    for layer in range(split + 1, layers):
+        sol = torch.linalg.lstsq(ha, ref.hidden_states[layer][:, rows].double().flatten(0, 1)).solution
+        ws.append(sol[:-1])
+        bs.append(sol[-1])
+    return RidgeMaps(split, torch.stack(ws).float(), torch.stack(bs).float(), [0.0] * len(ws))
+
+
+@given(prompts(), st.sampled_from(["ridge", "identity"]))
+def test_every_row_has_a_cache_entry_at_every_layer(prompt, mode):
+    """No token is dropped: every layer's cache holds one finite entry per row, and each filled row's
+    late-layer entry is the one its predicted input gives (``kv_l(h_S W_l + b_l)`` at its position)."""
+    index, ids, split, tail, exact_rows = prompt
+    model = tiny_llama(index)
+    n, layers = ids.shape[1], CONFIGS[index][1]
+    res = run(index, ids, split, tail, exact_rows, mode)
+    ref = reference(model, ids)
+    adapter = adapter_for(model)
+    filled = torch.ones(n, dtype=torch.bool)
+    filled[res.exact_positions] = False
+    h = ref.hidden_states[split + 1][:, filled]
+    rope = adapter.rope(torch.arange(n), h).rows(filled.nonzero()[:, 0])
+    maps = fitted_maps(index, split) if mode == "ridge" else None
+    for layer in range(layers):
+        k, v = kv(res.cache, layer)
+        assert k.shape == v.shape == (ids.shape[0], model.config.num_key_value_heads, n, k.shape[-1])
+        assert torch.isfinite(k).all() and torch.isfinite(v).all()
+        if layer > split and filled.any():
+            x_hat = predict_inputs(h, *maps.layer(layer)) if mode == "ridge" else h
+            kf, vf = adapter.kv(layer, x_hat, rope)
+            torch.testing.assert_close(k[:, :, filled], kf, rtol=0, atol=1e-4)
+            torch.testing.assert_close(v[:, :, filled], vf, rtol=0, atol=1e-4)
+    tally.example()
+
+
+@given(prompts(), st.integers(1, 3), st.integers(1, 5))
+def test_identity_fill_is_ridge_fill_with_identity_maps(prompt, batch, rows):
+    """``W = I``, ``b = 0`` predicts ``h_S`` itself: :func:`predict_inputs` returns its input bit for
+    bit, and the ridge fill with identity maps is the identity fill, cache and logits."""
+    index, ids, split, tail, exact_rows = prompt
+    model = tiny_llama(index)
+    layers, d = CONFIGS[index][1], CONFIGS[index][2]
+    h = torch.randn(batch, rows, d)
+    assert torch.equal(predict_inputs(h, torch.eye(d), torch.zeros(d)), h)
+    eye = RidgeMaps(split, torch.eye(d).repeat(layers - split - 1, 1, 1), torch.zeros(layers - split - 1, d),
+                    [float("inf")] * (layers - split - 1))
+    a = prefill(model, ids, eye, tail=tail, exact_rows=exact_rows, mode="ridge", logits="exact")
+    b = run(index, ids, split, tail, exact_rows, "identity", logits="exact")
+    assert torch.equal(a.logits, b.logits)
+    for layer in range(layers):
+        for x, y in zip(kv(a.cache, layer), kv(b.cache, layer)):
+            assert torch.equal(x, y)
+    tally.example()

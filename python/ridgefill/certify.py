@@ -1,0 +1,559 @@
+"""Certificates that the stored maps are the ridge minimisers of their calibration statistics.
+
+Two kinds, both read by ``crossval/`` (see ``crossval/README.md``):
+
+**Numeric certificates** (``ridgefill certify MAPS``): one JSON file per late layer ``l``, from the
+float64 statistics saved beside the maps (:func:`ridgefill.maps.stats_path`). With the centred Gram
+``G`` ``[d, d]``, cross term ``B_l`` ``[d, d]`` and ``A = G + λI``, the normal equations of the ridge
+minimiser ``W★`` are ``A W★ = B_l + λI``. For the float64 solve ``W_64`` of those equations the residual
+``R = A W_64 − (B_l + λI)`` and a lower bound ``μ > 0`` on the spectrum of ``A`` give, by the gap identity
+``J(W) = J(W★) + ‖X(W − W★)‖² + λ‖W − W★‖² = J(W★) + ⟨W − W★, A (W − W★)⟩`` (``KvaLean.ridge_gap``):
+
+    ‖W_64 − W★‖_F ≤ ‖R‖_F / μ        and        J(W_64) − J(W★) = ⟨R, A⁻¹R⟩ ≤ ‖R‖²_F / μ,
+
+and ``W★`` is unique (``ridge_unique``: ``μ > 0``). The stored float32 map ``W_s`` is then certified by
+its distance to ``W_64`` (it must be ``W_64`` rounded) and an upper bound on the spectrum
+(:func:`layer_certificate`). A certificate records ``λ``, ``‖R‖_F`` relative to ``‖B_l + λI‖_F``, the
+Gram spectrum bounds, these bounds, the objective ``J(W_s)`` and the SHA-256 of the statistics it was
+computed from (the calibration hash); :func:`check_certificate` checks it against the criterion and,
+given the statistics and maps, recomputes it.
+
+**Exact certificates** (:class:`ExactInstance`, the Lean ``KvaLean.RidgeInstance``): small rational
+instances (``m ≈ 8`` rows, ``d ≈ 4``) whose minimiser is computed exactly with :class:`fractions.Fraction`;
+:func:`export_lean_certificate` writes them as a Lean file in which the kernel runs the
+``KvaLean.Certificate`` checker by ``decide +kernel``, and :func:`check_exact` (also reached through
+:func:`check_certificate`) is the Python mirror of that checker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .errors import InputError, RidgeFillError
+from .fileio import atomic_write, write_json
+from .maps import RidgeMaps, load_maps, load_stats, maps_digest, stats_path
+from .ridge import RidgeStats
+
+F64 = torch.float64
+EPS = float(torch.finfo(F64).eps)
+CERT_FORMAT = "ridgefill-certificate"
+CERT_VERSION = 1
+#: Default criterion: the certified excess ``J(W) − J(W★)`` is at most this fraction of ``J(W)`` (plus
+#: the float32 storage floor, see :func:`layer_certificate`).
+MAX_EXCESS_REL = 1e-4
+F32_UNIT = 2.0 ** -24   # float32 rounding: |fl(x) − x| ≤ 2⁻²⁴ |x| for normal numbers
+F32_TINY = 2.0 ** -149  # ... plus half the smallest subnormal
+
+
+class CertificateError(RidgeFillError):
+    """A certificate failed its check, or could not be made (statistics missing or not matching)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# numeric certificates
+# --------------------------------------------------------------------------------------------------
+
+def stats_digest(stats: RidgeStats) -> str:
+    """SHA-256 (hex) of a :class:`RidgeStats`' count and float64 tensors: the calibration hash."""
+    h = hashlib.sha256(str(stats.count).encode())
+    for t in (stats.shift_h, stats.shift_x, stats.sum_h, stats.gram, stats.sum_x, stats.cross, stats.sq_x):
+        h.update(t.detach().to(F64).contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def layer_certificate(stats: RidgeStats, index: int, weight: Tensor, lam: float, *, layer: int | None = None,
+                      max_excess_rel: float = MAX_EXCESS_REL, provenance: dict | None = None) -> dict:
+    """The numeric certificate of one late layer's stored map.
+
+    The stored ``W_s`` (float32 on disk) is certified through ``W_64``, the project's float64 solve
+    (:func:`ridgefill.solve_ridge`) of the same statistics: with ``A = G + λI``, ``R = A W_64 − (B + λI)``,
+    ``μ ≤ λ_min(A)`` and ``Λ ≥ λ_max(A)``, and ``‖V‖_A² = ⟨V, A V⟩``,
+
+        J(W_s) − J(W★) = ‖W_s − W★‖_A² ≤ (√Λ ‖W_s − W_64‖_F + ‖R‖_F / √μ)²     (the gap identity),
+
+    since ``‖W_64 − W★‖_A² = ⟨R, A⁻¹R⟩ ≤ ‖R‖²/μ``. The criterion: ``μ > 0`` (unique minimiser), ``W_s`` is
+    ``W_64`` rounded to float32 (each entry within ``2⁻²⁴`` relative), and that excess is at most
+    ``max_excess_rel · J(W_s)`` plus what storing ``W★`` in float32 alone can cost (``Λ (2 ‖2⁻²⁴ W_64‖_F)²``)
+    plus the rounding of ``J`` itself.
+
+    Args:
+        stats: the statistics the map was solved on (all late layers).
+        index: the layer's index in ``stats`` (``0`` for layer ``S + 1``).
+        weight: ``W_s`` ``[d, d]`` as stored (any float dtype; used in float64).
+        lam: ``λ_l ≥ 0``.
+        layer: absolute layer number, recorded as is.
+        max_excess_rel: the criterion's bound on ``(J(W_s) − J(W★)) / J(W_s)``.
+        provenance: extra fields copied into the certificate (hashes, model name).
+
+    Returns:
+        A JSON-able dict; ``passed`` says whether the criterion holds.
+    """
+    from .errors import SingularGramError
+    from .ridge import solve_ridge
+
+    d = stats.hidden
+    gram, cross, sxx = stats.centred(index)
+    w = weight.detach().to(F64).cpu()
+    if tuple(w.shape) != (d, d):
+        raise InputError(f"weight must be [{d}, {d}] for these statistics; got {tuple(w.shape)}")
+    try:
+        w64 = solve_ridge(gram, cross, lam)
+    except SingularGramError:
+        w64 = w  # no unique minimiser: μ ≤ 0 below fails the certificate
+    eye = torch.eye(d, dtype=F64)
+    rhs = cross + lam * eye
+    residual = (gram + lam * eye) @ w64 - rhs
+    stored_residual = (gram + lam * eye) @ w - rhs
+    evals = torch.linalg.eigvalsh(gram)
+    eig_min, eig_max = float(evals[0]), float(evals[-1])
+    # eigvalsh is backward stable: its eigenvalues are those of G + E with ‖E‖₂ ≤ c d eps ‖G‖₂
+    eig_error = 4 * d * EPS * max(abs(eig_min), abs(eig_max))
+    mu, big = lam + eig_min - eig_error, lam + eig_max + eig_error
+    res_fro, rhs_fro = float(residual.norm()), float(rhs.norm())
+    ulp = F32_UNIT * w64.abs()
+    storage = float((w - w64).norm())
+    terms = [float((w * (gram @ w)).sum()), -2 * float((w * cross).sum()), float(sxx),
+             lam * float((w - eye).square().sum())]
+    objective = math.fsum(terms)
+    cert = {
+        "format": CERT_FORMAT, "version": CERT_VERSION, "layer": layer, "index": index, "hidden": d,
+        "rows": stats.count, "lambda": float(lam),
+        "residual_fro": res_fro, "rhs_fro": rhs_fro, "residual_rel": res_fro / rhs_fro if rhs_fro else res_fro,
+        "stored_residual_rel": float(stored_residual.norm()) / rhs_fro if rhs_fro else float(stored_residual.norm()),
+        "gram_eig_min": eig_min, "gram_eig_max": eig_max, "eig_error": eig_error,
+        "reg_eig_lower": mu, "reg_eig_upper": big,
+        "weight_fro": float(w.norm()), "storage_fro": storage, "storage_ulp_fro": float(ulp.norm()),
+        "storage_is_rounding": bool(((w - w64).abs() <= ulp * (1 + 1e-12) + F32_TINY).all()),
+        "objective": objective,
+        # J(W) is a sum of terms that cancel; its rounding error is about eps times this
+        "objective_rounding": 8 * d * EPS * sum(abs(t) for t in terms),
+        "weight_error_bound": storage + res_fro / mu if mu > 0 else math.inf,
+        "excess_bound": (math.sqrt(big) * storage + res_fro / math.sqrt(mu)) ** 2 if mu > 0 else math.inf,
+        "storage_floor": big * (2 * float(ulp.norm())) ** 2,
+        "max_excess_rel": max_excess_rel,
+        "calibration_sha256": stats_digest(stats),
+    }
+    cert["excess_rel"] = cert["excess_bound"] / objective if objective > 0 else math.inf
+    cert.update(provenance or {})
+    cert["passed"] = not _criterion_failures(cert)
+    return cert
+
+
+_NUMBERS = ("lambda", "residual_fro", "rhs_fro", "residual_rel", "stored_residual_rel", "gram_eig_min",
+            "gram_eig_max", "eig_error", "reg_eig_lower", "reg_eig_upper", "weight_fro", "storage_fro",
+            "storage_ulp_fro", "objective", "objective_rounding", "weight_error_bound", "excess_bound",
+            "storage_floor", "excess_rel", "max_excess_rel")
+
+
+def _criterion_failures(cert: dict) -> list[str]:
+    """What the certificate's own numbers fail of the criterion (empty when it holds)."""
+    bad = []
+    lam, mu, big = cert["lambda"], cert["reg_eig_lower"], cert["reg_eig_upper"]
+    if not lam >= 0:
+        bad.append(f"λ = {lam} is negative")
+    if not mu > 0:
+        bad.append(f"no positive lower bound on the spectrum of G + λI (μ = {mu}): the minimiser is not "
+                   "certified unique (ridge_unique needs λ > 0 or a non-singular Gram)")
+    rebuilt = lam + cert["gram_eig_min"] - cert["eig_error"]
+    if mu > rebuilt and not math.isclose(mu, rebuilt, rel_tol=1e-12):
+        bad.append(f"μ = {mu} is not implied by λ + eig_min − eig_error = {rebuilt}")
+    rebuilt = lam + cert["gram_eig_max"] + cert["eig_error"]
+    if big < rebuilt and not math.isclose(big, rebuilt, rel_tol=1e-12):
+        bad.append(f"Λ = {big} is not implied by λ + eig_max + eig_error = {rebuilt}")
+    if cert.get("storage_is_rounding") is not True:
+        bad.append("the stored W is not the float32 rounding of the float64 solve of its statistics "
+                   f"(‖W_s − W_64‖_F = {cert['storage_fro']:.3e}, float32 units {cert['storage_ulp_fro']:.3e})")
+    if mu > 0:
+        r, st = cert["residual_fro"], cert["storage_fro"]
+        if not cert["weight_error_bound"] >= (st + r / mu) * (1 - 1e-12):
+            bad.append(f"weight error bound {cert['weight_error_bound']} is below ‖W_s − W_64‖ + ‖R‖/μ")
+        if not cert["excess_bound"] >= (math.sqrt(big) * st + r / math.sqrt(mu)) ** 2 * (1 - 1e-12):
+            bad.append(f"excess bound {cert['excess_bound']} is below (√Λ ‖W_s − W_64‖ + ‖R‖/√μ)²")
+        if not cert["storage_floor"] <= big * (2 * cert["storage_ulp_fro"]) ** 2 * (1 + 1e-12):
+            bad.append(f"storage floor {cert['storage_floor']} is above Λ (2 ‖2⁻²⁴ W_64‖)²")
+        if not _excess_ok(cert, cert["max_excess_rel"]):
+            bad.append(f"certified excess J(W) − J(W★) ≤ {cert['excess_bound']:.3e} is more than "
+                       f"{cert['max_excess_rel']:g} of J(W) = {cert['objective']:.6e} plus the float32 storage "
+                       f"floor {cert['storage_floor']:.1e} and the rounding of J {cert['objective_rounding']:.1e}")
+    return bad
+
+
+def _excess_ok(cert: dict, max_excess_rel: float) -> bool:
+    """The criterion on the excess (see :func:`layer_certificate`)."""
+    return cert["excess_bound"] <= (max_excess_rel * max(cert["objective"], 0.0) + cert["storage_floor"]
+                                    + cert["objective_rounding"])
+
+
+@dataclass
+class CertificateCheck:
+    """Result of :func:`check_certificate`: ``passed`` and the ``failures`` (empty when passed)."""
+
+    layer: int | None
+    passed: bool
+    failures: list[str] = field(default_factory=list)
+
+
+def check_certificate(cert: dict | ExactInstance, stats: RidgeStats | None = None, maps: RidgeMaps | None = None,
+                      *, max_excess_rel: float | None = None) -> CertificateCheck:
+    """Check a certificate: a numeric one against the criterion of ``KvaLean.Ridge`` (see module
+    docstring), an exact one with the mirror of the Lean checker (:func:`check_exact`).
+
+    Args:
+        cert: a dict written by :func:`layer_certificate` (or read back from its JSON), or an
+            :class:`ExactInstance`.
+        stats, maps: when both are given, the certificate is recomputed from them and must agree
+            (same calibration hash and maps hash, same numbers to 1e-8 relative).
+        max_excess_rel: a stricter (or other) criterion than the one recorded in the certificate.
+
+    Returns:
+        :class:`CertificateCheck`.
+    """
+    if isinstance(cert, ExactInstance):
+        ok = check_exact(cert)
+        return CertificateCheck(None, ok, [] if ok else [
+            f"{cert.name}: the shapes, λ ≥ 0 or the exact normal equations (XᵀX + λI) W = XᵀY + λ W₀ fail"])
+    layer = cert.get("layer") if isinstance(cert, dict) else None
+    fail = []
+    if not isinstance(cert, dict) or cert.get("format") != CERT_FORMAT or cert.get("version") != CERT_VERSION:
+        return CertificateCheck(layer, False, [f"not a {CERT_FORMAT} version {CERT_VERSION} certificate"])
+    for k in _NUMBERS:
+        v = cert.get(k)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v):
+            fail.append(f"field {k!r} is missing or not a number ({v!r})")
+    if fail:
+        return CertificateCheck(layer, False, fail)
+    fail += _criterion_failures(cert)
+    if cert.get("passed") is not (not fail):
+        fail.append(f"the certificate says passed={cert.get('passed')!r}, its numbers say {not fail}")
+    if max_excess_rel is not None and not _excess_ok(cert, max_excess_rel):
+        fail.append(f"certified excess {cert['excess_bound']:.3e} is more than {max_excess_rel:g} of J(W) = "
+                    f"{cert['objective']:.6e}")
+    if stats is not None and maps is not None:
+        index = cert["index"]
+        if not isinstance(index, int) or not 0 <= index < len(maps.lambdas):
+            fail.append(f"layer index {index!r} is not one of the maps' {len(maps.lambdas)} late layers")
+        else:
+            fresh = layer_certificate(stats, index, maps.weights[index], maps.lambdas[index], layer=layer,
+                                      max_excess_rel=cert["max_excess_rel"])
+            if fresh["calibration_sha256"] != cert.get("calibration_sha256"):
+                fail.append("calibration hash differs: the certificate was made from other statistics")
+            want = cert.get("maps_sha256")
+            if want is not None and want != maps_digest(maps.weights, maps.biases):
+                fail.append("maps hash differs: the certificate was made for other maps")
+            for k in _NUMBERS:
+                a, b = cert[k], fresh[k]
+                scale = {"gram_eig_min": fresh["eig_error"] + abs(fresh["gram_eig_max"]) * 1e-8}.get(k, 0.0)
+                if not math.isclose(a, b, rel_tol=1e-8, abs_tol=max(scale, 1e-300)) and a != b:
+                    fail.append(f"{k}: certificate says {a!r}, recomputed {b!r}")
+    return CertificateCheck(layer, not fail, fail)
+
+
+def certify_maps(maps_path: str | Path, out_dir: str | Path | None = None, *, stats_file: str | Path | None = None,
+                 max_excess_rel: float = MAX_EXCESS_REL) -> list[Path]:
+    """Write one certificate per late layer of the maps at ``maps_path``.
+
+    Args:
+        maps_path: a maps file; its statistics are read from ``stats_file`` (default
+            :func:`ridgefill.maps.stats_path` of it).
+        out_dir: folder for ``layer-<l>.json`` (default ``<maps name>.certs`` beside the maps).
+
+    Returns:
+        The paths written (atomically), in layer order.
+
+    Raises:
+        InputError, MapsFormatError: a file is missing or unreadable.
+        CertificateError: the statistics belong to other maps.
+    """
+    maps_path = Path(maps_path)
+    maps = load_maps(maps_path)
+    stats, smeta = load_stats(stats_file or stats_path(maps_path))
+    digest = maps_digest(maps.weights, maps.biases)
+    if smeta.get("maps_sha256") != digest or stats.layers != len(maps.lambdas):
+        raise CertificateError(
+            f"the statistics file was written for other maps (maps hash {smeta.get('maps_sha256')}, these "
+            f"maps {digest}); recalibrate with `ridgefill calibrate`, which writes both together")
+    if out_dir is None:
+        name = maps_path.name.removesuffix(".safetensors")
+        out_dir = maps_path.with_name(name + ".certs")
+    prov = {"split": maps.split, "maps_sha256": digest, "model_name": maps.meta.get("model_name"),
+            "model_hash": maps.meta.get("model_hash"), "text_sha256": maps.meta.get("text_sha256")}
+    paths = []
+    for i, lam in enumerate(maps.lambdas):
+        layer = maps.split + 1 + i
+        cert = layer_certificate(stats, i, maps.weights[i], lam, layer=layer, max_excess_rel=max_excess_rel,
+                                 provenance=prov)
+        paths.append(write_json(Path(out_dir) / f"layer-{layer:03d}.json", cert))
+    return paths
+
+
+def read_certificate(path: str | Path) -> dict:
+    """Read a certificate JSON file (see :func:`layer_certificate`)."""
+    return json.loads(Path(path).read_text())
+
+
+# --------------------------------------------------------------------------------------------------
+# exact rational certificates
+# --------------------------------------------------------------------------------------------------
+
+Matrix = list[list[Fraction]]
+
+
+def _eye(d: int, k: int | None = None) -> Matrix:
+    return [[Fraction(int(i == j)) for j in range(d if k is None else k)] for i in range(d)]
+
+
+def _matmul(a: Matrix, b: Matrix) -> Matrix:
+    return [[sum((a[i][t] * b[t][j] for t in range(len(b))), Fraction(0)) for j in range(len(b[0]))]
+            for i in range(len(a))]
+
+
+def _transpose(a: Matrix) -> Matrix:
+    return [list(r) for r in zip(*a)]
+
+
+def exact_solve(gram: Matrix, cross: Matrix, lam: Fraction, prior: Matrix | None = None) -> Matrix:
+    """The exact solution ``W`` ``[d, k]`` of ``(G + λI) W = B + λ W₀`` (Gauss–Jordan on fractions;
+    ``gram`` ``[d, d]``, ``cross`` and ``prior`` ``[d, k]``, prior default the identity).
+
+    Raises:
+        InputError: ``G + λI`` is singular.
+    """
+    d, k = len(gram), len(cross[0])
+    prior = prior or _eye(d, k)
+    a = [[gram[i][j] + (lam if i == j else 0) for j in range(d)] + [cross[i][j] + lam * prior[i][j] for j in range(k)]
+         for i in range(d)]
+    for c in range(d):
+        p = next((r for r in range(c, d) if a[r][c] != 0), None)
+        if p is None:
+            raise InputError(f"G + λI is singular (λ = {lam}); use λ > 0")
+        a[c], a[p] = a[p], a[c]
+        piv = a[c][c]
+        a[c] = [v / piv for v in a[c]]
+        for r in range(d):
+            if r != c and a[r][c] != 0:
+                f = a[r][c]
+                a[r] = [v - f * u for v, u in zip(a[r], a[c])]
+    return [row[d:] for row in a]
+
+
+@dataclass(frozen=True)
+class ExactInstance:
+    """One exact instance of the multi-output ridge problem and a claimed minimiser: the Lean
+    ``KvaLean.RidgeInstance`` (``min_V ‖X V − Y‖²_F + λ‖V − W₀‖²_F``).
+
+    Attributes:
+        name: a Lean identifier for the instance.
+        x: ``X`` ``[m, d]``; y: ``Y`` ``[m, p]``; prior: ``W₀`` ``[d, p]`` (identity columns in RidgeFill).
+        lam: ``λ``; weight: the claimed minimiser ``W`` ``[d, p]``.
+        source: where the numbers came from, in a phrase (written into the Lean docstring).
+    """
+
+    name: str
+    x: Matrix
+    y: Matrix
+    prior: Matrix
+    lam: Fraction
+    weight: Matrix
+    source: str = ""
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(m, d, p)``."""
+        return len(self.x), len(self.prior), len(self.prior[0]) if self.prior else 0
+
+
+def solved_instance(name: str, x: Matrix, y: Matrix, lam: Fraction, *, prior: Matrix | None = None,
+                    source: str = "") -> ExactInstance:
+    """The instance for data ``x`` ``[m, d]``, targets ``y`` ``[m, p]`` and ``λ`` (prior: the first ``p``
+    identity columns), with its exact minimiser ``W = (XᵀX + λI)⁻¹ (XᵀY + λ W₀)``."""
+    x = [[Fraction(v) for v in row] for row in x]
+    y = [[Fraction(v) for v in row] for row in y]
+    d, p = len(x[0]), len(y[0])
+    prior = prior or _eye(d, p)
+    xt = _transpose(x)
+    w = exact_solve(_matmul(xt, x), _matmul(xt, y), Fraction(lam), prior)
+    return ExactInstance(name, x, y, prior, Fraction(lam), w, source)
+
+
+def stats_slice(stats: RidgeStats, index: int, lam: float, *, dims: int = 4,
+                outputs: int = 2) -> tuple[Tensor, Tensor, float]:
+    """A tiny slice of real calibration statistics in the data form the Lean checker takes.
+
+    Takes the leading ``dims × dims`` block ``G_s`` of the centred Gram and the ``dims × outputs`` block
+    ``B_s`` of the centred cross term of late layer ``index``, both divided by ``max diag(G_s)`` (and
+    ``λ`` alike), and returns ``(X, Y, λ_s)`` with ``X = R`` ``[dims, dims]`` the Cholesky factor
+    (``G_s = RᵀR``) and ``Y = R⁻ᵀ B_s`` ``[dims, outputs]``, so that ``XᵀX = G_s`` and ``XᵀY = B_s``
+    (float64).
+
+    Raises:
+        InputError: the block is zero or not positive definite (try other ``dims``).
+    """
+    gram, cross, _ = stats.centred(index)
+    g = gram[:dims, :dims]
+    scale = float(g.diagonal().max())
+    if not scale > 0:
+        raise InputError(f"the leading {dims}×{dims} block of the Gram is zero")
+    g, b = g / scale, cross[:dims, :outputs] / scale
+    factor, info = torch.linalg.cholesky_ex(g, upper=True)
+    if info.item() != 0:
+        raise InputError(f"the leading {dims}×{dims} block of the Gram is not positive definite")
+    return factor, torch.linalg.solve_triangular(factor.T, b, upper=False), lam / scale
+
+
+def instance_from_stats(name: str, stats: RidgeStats, index: int, lam: float, *, dims: int = 4, outputs: int = 2,
+                        denominator: int = 1000, source: str = "") -> ExactInstance:
+    """An exact instance from real calibration statistics: :func:`stats_slice`, with ``X``, ``Y`` and
+    ``λ_s`` rounded to multiples of ``1/denominator`` (``λ`` at least ``1/denominator``), solved exactly."""
+    x, y, lam_s = stats_slice(stats, index, lam, dims=dims, outputs=outputs)
+
+    def q(v: float) -> Fraction:
+        return Fraction(round(v * denominator), denominator)
+
+    return solved_instance(name, [[q(v) for v in row] for row in x.tolist()],
+                           [[q(v) for v in row] for row in y.tolist()], max(q(lam_s), Fraction(1, denominator)),
+                           source=source)
+
+
+def _shape_ok(a: Matrix, rows: int, cols: int) -> bool:
+    return len(a) == rows and all(len(r) == cols for r in a)
+
+
+def check_exact(inst: ExactInstance) -> bool:
+    """Python mirror of ``KvaLean.RidgeInstance.check``: the shapes agree, ``λ ≥ 0``, and the normal
+    equations ``(XᵀX + λI) W = XᵀY + λ W₀`` hold exactly. Then ``W`` is a minimiser
+    (``optimal_of_check``), the only one when ``λ > 0`` (``unique_of_check``)."""
+    m, d, p = inst.shape
+    if not (_shape_ok(inst.x, m, d) and _shape_ok(inst.y, m, p) and _shape_ok(inst.prior, d, p)
+            and _shape_ok(inst.weight, d, p) and inst.lam >= 0):
+        return False
+    xt = _transpose(inst.x) if m else [[] for _ in range(d)]
+    lhs = _matmul(xt, _matmul(inst.x, inst.weight)) if m else [[Fraction(0)] * p for _ in range(d)]
+    rhs = _matmul(xt, inst.y) if m else [[Fraction(0)] * p for _ in range(d)]
+    return all(lhs[i][j] + inst.lam * inst.weight[i][j] == rhs[i][j] + inst.lam * inst.prior[i][j]
+               for i in range(d) for j in range(p))
+
+
+def perturbed(inst: ExactInstance, name: str, delta: Fraction = Fraction(1, 1000)) -> ExactInstance:
+    """A deliberately wrong certificate: ``inst`` with ``W[0][0]`` moved by ``delta``."""
+    w = [list(r) for r in inst.weight]
+    w[0][0] += delta
+    return ExactInstance(name, inst.x, inst.y, inst.prior, inst.lam, w,
+                         f"A wrong certificate: `{inst.name}` with W[0][0] moved by {delta}.")
+
+
+def lean_rational(v: Fraction) -> str:
+    """``v`` as a Lean ``Rat`` literal expression: ``3``, ``-7/4``."""
+    v = Fraction(v)
+    return str(v.numerator) if v.denominator == 1 else f"{v.numerator}/{v.denominator}"
+
+
+def _lean_matrix(a: Matrix) -> str:
+    return "[" + ", ".join("[" + ", ".join(lean_rational(v) for v in row) + "]" for row in a) + "]"
+
+
+LEAN_NAMESPACE = "KvaLean.CertExamples"
+
+
+def lean_certificate_source(instances: Sequence[ExactInstance], *, wrong: Sequence[ExactInstance] = (),
+                            header: str = "") -> str:
+    """The Lean text :func:`export_lean_certificate` writes (a module importing ``KvaLean.Certificate``)."""
+    for inst in list(instances) + list(wrong):
+        if not inst.name.isidentifier():
+            raise InputError(f"instance name {inst.name!r} is not a Lean identifier")
+    out = ["module", "", "public import KvaLean.Certificate", "",
+           "/-! # Exact ridge certificates checked by the kernel", "",
+           "Generated by `ridgefill.certify.export_lean_certificate`; do not edit by hand. Each instance below",
+           "is checked with `KvaLean.RidgeInstance.check` by `decide +kernel`: for an accepted one",
+           "`optimal_of_check` then makes its `W` the ridge minimiser (and, when `λ > 0`, `unique_of_check`",
+           "the only one); a wrong one must be rejected (`check = false`)."]
+    if header:
+        out += [""] + header.strip().splitlines()
+    out += ["-/", "", "public section", "", f"namespace {LEAN_NAMESPACE}", ""]
+    for inst in list(instances) + list(wrong):
+        m, d, p = inst.shape
+        doc = (inst.source or inst.name).replace("-/", "- /")
+        out += [f"/-- {doc} -/", f"def {inst.name} : RidgeInstance where",
+                f"  m := {m}", f"  d := {d}", f"  p := {p}", f"  X := {_lean_matrix(inst.x)}",
+                f"  Y := {_lean_matrix(inst.y)}", f"  W0 := {_lean_matrix(inst.prior)}",
+                f"  lam := {lean_rational(inst.lam)}", f"  W := {_lean_matrix(inst.weight)}", ""]
+    for inst in instances:
+        n = inst.name
+        if inst.lam > 0:
+            out += [f"-- The kernel accepts `{n}`: its `W` is the ridge minimiser, and the only one.",
+                    f"example : (∀ V, {n}.obj {n}.Wf ≤ {n}.obj V) ∧",
+                    f"    (∀ {{V}}, NormalEqMulti {n}.Xf {n}.Yf {n}.W0f {n}.lam V → V = {n}.Wf) :=",
+                    f"  have h : {n}.check = true := by decide +kernel",
+                    f"  ⟨{n}.optimal_of_check h, fun hV => {n}.unique_of_check h (by decide +kernel) hV⟩", ""]
+        else:
+            out += [f"-- The kernel accepts `{n}`: its `W` is a ridge minimiser.",
+                    f"example : ∀ V, {n}.obj {n}.Wf ≤ {n}.obj V :=",
+                    f"  {n}.optimal_of_check (by decide +kernel)", ""]
+    for inst in wrong:
+        out += [f"-- The kernel rejects the wrong certificate `{inst.name}`.",
+                f"example : {inst.name}.check = false := by decide +kernel", ""]
+    out += [f"end {LEAN_NAMESPACE}", "", "end", ""]
+    return "\n".join(out)
+
+
+def export_lean_certificate(instances: Sequence[ExactInstance], path: str | Path, *,
+                            wrong: Sequence[ExactInstance] = (), header: str = "") -> Path:
+    """Write a Lean file in which the kernel checks each instance with the ``KvaLean.Certificate``
+    checker by ``decide +kernel`` (``check = true`` and optimality for ``instances``, ``check = false``
+    for ``wrong``). Every instance must pass (and every wrong one fail) :func:`check_exact` first.
+
+    Returns:
+        ``path``, written atomically.
+
+    Raises:
+        CertificateError: an instance fails, or a wrong one passes, the Python mirror of the checker.
+    """
+    for inst in instances:
+        if not check_exact(inst):
+            raise CertificateError(f"instance {inst.name} fails the checker: refusing to export it as valid")
+    for inst in wrong:
+        if check_exact(inst):
+            raise CertificateError(f"instance {inst.name} passes the checker: it is not a wrong certificate")
+    text = lean_certificate_source(instances, wrong=wrong, header=header)
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------------------------------
+
+def add_subcommand(subparsers) -> None:
+    """Register ``ridgefill certify MAPS [--stats F] [--out DIR] [--max-excess-rel X]``."""
+    p = subparsers.add_parser("certify", help="write and check a numeric certificate per late layer of a maps file")
+    p.add_argument("maps", help="maps file (.safetensors) written by `ridgefill calibrate`")
+    p.add_argument("--stats", default=None, help="statistics file (default: <maps name>.stats.safetensors beside it)")
+    p.add_argument("--out", default=None, help="folder for the certificates (default: <maps name>.certs beside it)")
+    p.add_argument("--max-excess-rel", type=float, default=MAX_EXCESS_REL,
+                   help=f"criterion: certified (J(W) − J(W★)) / J(W) at most this (default {MAX_EXCESS_REL:g})")
+    p.set_defaults(func=_cmd_certify)
+
+
+def _cmd_certify(a: argparse.Namespace) -> None:
+    paths = certify_maps(a.maps, a.out, stats_file=a.stats, max_excess_rel=a.max_excess_rel)
+    failed = []
+    print(f"{'layer':>5} {'λ':>10} {'resid rel':>10} {'eig min':>11} {'eig max':>11} {'μ':>10} {'excess rel':>10}  ok")
+    for p in paths:
+        c = read_certificate(p)
+        check = check_certificate(c)
+        print(f"{c['layer']:>5} {c['lambda']:>10.3g} {c['residual_rel']:>10.2e} {c['gram_eig_min']:>11.3e} "
+              f"{c['gram_eig_max']:>11.3e} {c['reg_eig_lower']:>10.3e} {c['excess_rel']:>10.2e}  "
+              f"{'yes' if check.passed else 'NO'}")
+        if not check.passed:
+            failed.append((c["layer"], check.failures))
+    print(f"certificates: {paths[0].parent if paths else a.out}")
+    if failed:
+        raise CertificateError("; ".join(f"layer {layer}: {', '.join(f)}" for layer, f in failed))

@@ -1,0 +1,226 @@
+"""Cost model of exact and fill prefill: FLOPs and bytes of weights read, from a model config.
+
+Pure arithmetic (no tensors, no model): it counts what an ideal implementation must compute, so the
+ratio ``exact / fill`` is the speed-up a perfect fill path would reach when prefill is compute-bound
+(long prompts). ``ridgefill bench`` prints it next to the measured ratio.
+
+Units: FLOPs count one multiply-add as 2 FLOPs; bytes are bytes. Notation: ``d`` hidden size, ``H``
+query heads, ``H_kv`` KV heads, ``h`` head dim, ``I`` MLP intermediate size, ``V`` vocabulary, ``L``
+layers, ``N`` prompt rows, ``S`` split, ``T`` exact tail rows, ``F = N - T`` filled rows.
+
+Per row and layer (dense Llama-style decoder layer, gated MLP)::
+
+    projections  = 2·d·(H·h) [q] + 2·2·d·(H_kv·h) [k, v] + 2·(H·h)·d [o]
+    mlp          = 2·3·d·I            (gate, up, down; 2·2·d·I for a non-gated MLP)
+    attention(c) = 2·2·H·h·c          (q·kᵀ and p·v over the c = p + 1 keys a row at position p sees)
+
+Causal attention over rows ``a..b-1`` costs ``4·H·h·Σ_{p=a}^{b-1} (p+1)``. Exact prefill::
+
+    exact = L·(N·(projections + mlp) + attention over rows 0..N-1) + lm_head
+
+Fill prefill (layers ``0..S`` exact on every row; each late layer ``l = S+1..L-1`` has ``F`` filled rows
+that compute only the map and K/V, and ``T`` exact rows that run the whole layer over the mixed cache)::
+
+    fill = (S+1)·(N·(projections + mlp) + attention over 0..N-1)
+         + (L-S-1)·(F·(maps + kv) + T·(projections + mlp) + attention over rows N-T..N-1)
+         + lm_head
+    maps = 2·d·d + d     (x̂ = h_S·W_l + b_l; 0 for the identity fill)
+    kv   = 2·2·d·(H_kv·h)
+    lm_head = 2·d·V      (the last row only, in both paths)
+
+Norms, RoPE, SiLU, residual adds and softmax are linear in ``N`` with small constants and are left out
+(they are < 1 % of the FLOPs of a Llama layer); the embedding lookup is a gather, 0 FLOPs.
+
+Bytes of weights read assume every weight is read once per prefill (true for batched prefill):
+each layer's projections, MLP and norms, the final norm, the LM head (``d·V``) and the ``N`` embedding
+rows gathered; the fill path also reads its maps, ``(L-S-1)·(d·d + d)`` values. Both paths write the
+same KV cache, ``2·L·N·H_kv·h`` values (:attr:`PrefillCost.kv_cache_bytes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import InputError
+
+__all__ = ["ModelShape", "PrefillCost", "exact_cost", "fill_cost", "ideal_ratio"]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes the cost model needs (see the module docstring for the notation).
+
+    Attributes:
+        layers: ``L``; hidden: ``d``; heads: ``H``; kv_heads: ``H_kv``; head_dim: ``h``;
+        intermediate: ``I``; vocab: ``V``; gated_mlp: three MLP matrices (Llama) instead of two.
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    gated_mlp: bool = True
+
+    def __post_init__(self):
+        for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"model shape {name}={value!r} must be a positive integer")
+        if self.heads % self.kv_heads:
+            raise InputError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads} (grouped-query attention)")
+
+    @classmethod
+    def from_config(cls, config) -> "ModelShape":
+        """Read the shape from a ``transformers`` config (Llama-style field names; gated MLP).
+
+        Raises:
+            InputError: a needed field (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
+                ``intermediate_size``, ``vocab_size``) is missing or not a positive integer.
+        """
+        def need(name):
+            value = getattr(config, name, None)
+            if value is None:
+                raise InputError(f"the model config has no {name!r}: the cost model needs a Llama-style config "
+                                 "(num_hidden_layers, hidden_size, num_attention_heads, intermediate_size, vocab_size)")
+            return value
+
+        heads = need("num_attention_heads")
+        hidden = need("hidden_size")
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        return cls(layers=need("num_hidden_layers"), hidden=hidden, heads=heads,
+                   kv_heads=getattr(config, "num_key_value_heads", None) or heads, head_dim=head_dim,
+                   intermediate=need("intermediate_size"), vocab=need("vocab_size"), gated_mlp=True)
+
+    # --- per-row pieces (FLOPs) -------------------------------------------------------------
+    @property
+    def kv_flops(self) -> int:
+        """K and V projections of one row: ``2·2·d·H_kv·h``."""
+        return 4 * self.hidden * self.kv_heads * self.head_dim
+
+    @property
+    def projection_flops(self) -> int:
+        """Q, K, V and O projections of one row."""
+        q_o = 2 * 2 * self.hidden * self.heads * self.head_dim
+        return q_o + self.kv_flops
+
+    @property
+    def mlp_flops(self) -> int:
+        """The MLP of one row: ``2·3·d·I`` (gated) or ``2·2·d·I``."""
+        return 2 * (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
+
+    @property
+    def map_flops(self) -> int:
+        """One row's map ``h_S·W_l + b_l``: ``2·d·d + d``."""
+        return 2 * self.hidden * self.hidden + self.hidden
+
+    def attention_flops(self, first: int, stop: int) -> int:
+        """Causal attention of the rows at positions ``first..stop-1`` over keys ``0..p``:
+        ``4·H·h·Σ_{p=first}^{stop-1} (p+1)``."""
+        keys = (stop * (stop + 1) - first * (first + 1)) // 2
+        return 4 * self.heads * self.head_dim * keys
+
+    # --- per-model pieces (values, not bytes) ------------------------------------------------
+    @property
+    def layer_params(self) -> int:
+        """Weights of one layer: projections, MLP and the two norms."""
+        proj = 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
+        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
+        return proj + mlp + 2 * self.hidden
+
+
+@dataclass(frozen=True)
+class PrefillCost:
+    """The cost of one prefill.
+
+    Attributes:
+        flops: total FLOPs (multiply-add = 2).
+        weight_bytes: bytes of weights (and maps) read, at ``bytes_per_value`` each.
+        kv_cache_bytes: bytes of K/V written to the cache.
+        parts: FLOPs by kind: ``projections``, ``mlp``, ``attention``, ``maps``, ``lm_head``.
+    """
+
+    flops: int
+    weight_bytes: int
+    kv_cache_bytes: int
+    parts: dict[str, int] = field(default_factory=dict)
+
+
+def _check_sizes(shape: ModelShape, n: int, split: int | None = None, tail: int | None = None,
+                 bytes_per_value: int = 2) -> None:
+    if not isinstance(n, int) or n < 1:
+        raise InputError(f"prompt length N={n!r} must be a positive integer")
+    if not isinstance(bytes_per_value, int) or bytes_per_value < 1:
+        raise InputError(f"bytes_per_value={bytes_per_value!r} must be a positive integer (2 for bf16, 4 for float32)")
+    if split is not None and not 0 <= split <= shape.layers - 2:
+        raise InputError(f"split S={split} is out of range: a {shape.layers}-layer model needs 0 ≤ S ≤ {shape.layers - 2}")
+    if tail is not None and not 1 <= tail <= n:
+        raise InputError(f"tail T={tail} must be between 1 and the prompt length N={n}")
+
+
+def _finish(shape: ModelShape, n: int, parts: dict[str, int], extra_params: int, bytes_per_value: int) -> PrefillCost:
+    params = shape.layers * shape.layer_params + shape.hidden + shape.hidden * shape.vocab + n * shape.hidden
+    kv = 2 * shape.layers * n * shape.kv_heads * shape.head_dim
+    return PrefillCost(flops=sum(parts.values()), weight_bytes=(params + extra_params) * bytes_per_value,
+                       kv_cache_bytes=kv * bytes_per_value, parts=parts)
+
+
+def exact_cost(shape: ModelShape, n: int, *, bytes_per_value: int = 2) -> PrefillCost:
+    """Cost of the exact prefill of ``n`` rows (last-row logits).
+
+    Args:
+        shape: the model (:meth:`ModelShape.from_config`).
+        n: prompt rows ``N ≥ 1``.
+        bytes_per_value: bytes per weight/cache value (2 for bf16, 4 for float32).
+
+    Raises:
+        InputError: ``n`` or ``bytes_per_value`` not a positive integer.
+    """
+    _check_sizes(shape, n, bytes_per_value=bytes_per_value)
+    L = shape.layers
+    parts = {"projections": L * n * shape.projection_flops, "mlp": L * n * shape.mlp_flops,
+             "attention": L * shape.attention_flops(0, n), "maps": 0, "lm_head": 2 * shape.hidden * shape.vocab}
+    return _finish(shape, n, parts, 0, bytes_per_value)
+
+
+def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = True,
+              bytes_per_value: int = 2) -> PrefillCost:
+    """Cost of the fill prefill of ``n`` rows at split ``S = split`` with ``T = tail`` exact rows.
+
+    Args:
+        shape: the model.
+        n: prompt rows ``N``.
+        split: ``S``, ``0 ≤ S ≤ L-2``.
+        tail: exact rows ``T``, ``1 ≤ T ≤ N`` (the last ``T`` rows).
+        maps: count the maps (``False``: the identity fill, which has none).
+        bytes_per_value: bytes per weight/map/cache value.
+
+    Raises:
+        InputError: a size out of range.
+    """
+    _check_sizes(shape, n, split, tail, bytes_per_value)
+    lower, late, filled = split + 1, shape.layers - split - 1, n - tail
+    row = shape.projection_flops + shape.mlp_flops
+    parts = {
+        "projections": lower * n * shape.projection_flops + late * (filled * shape.kv_flops + tail * shape.projection_flops),
+        "mlp": (lower * n + late * tail) * shape.mlp_flops,
+        "attention": lower * shape.attention_flops(0, n) + late * shape.attention_flops(filled, n),
+        "maps": late * filled * shape.map_flops if maps else 0,
+        "lm_head": 2 * shape.hidden * shape.vocab,
+    }
+    assert parts["projections"] + parts["mlp"] == (lower * n + late * tail) * row + late * filled * shape.kv_flops
+    extra = late * (shape.hidden * shape.hidden + shape.hidden) if maps else 0
+    return _finish(shape, n, parts, extra, bytes_per_value)
+
+
+def ideal_ratio(config_or_shape, n: int, split: int, tail: int, *, maps: bool = True) -> float:
+    """``exact_cost(N).flops / fill_cost(N, S, T).flops``: the speed-up of an ideal fill path when prefill
+    is compute-bound. Accepts a ``transformers`` config or a :class:`ModelShape`.
+
+    Raises:
+        InputError: a size out of range or a config without the needed fields.
+    """
+    shape = config_or_shape if isinstance(config_or_shape, ModelShape) else ModelShape.from_config(config_or_shape)
+    return exact_cost(shape, n).flops / fill_cost(shape, n, split, tail, maps=maps).flops

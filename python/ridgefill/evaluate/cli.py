@@ -1,0 +1,360 @@
+"""``ridgefill eval {needle,loss,splice,depth}`` (write JSON) and ``ridgefill report`` (JSON -> markdown + PNG).
+
+Every subcommand loads the model with :func:`ridgefill.assets.load_model` (any model with an adapter),
+fits or reuses maps per split (:func:`ridgefill.evaluate.depth.maps_for_splits`, cached as
+``<out>/maps-S<S>.safetensors``), runs the library functions the tests call and writes one JSON file
+atomically (:func:`ridgefill.fileio.write_json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from ..errors import InputError
+
+
+def _ints(text: str) -> list[int]:
+    out = []
+    for part in str(text).split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        mult = 1
+        if part.endswith("k"):
+            part, mult = part[:-1], 1024
+        try:
+            out.append(int(float(part) * mult))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1k,2k,8000; got {text!r}") from None
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected at least one integer; got {text!r}")
+    return out
+
+
+def _words(text: str) -> list[str]:
+    out = [w.strip() for w in str(text).split(",") if w.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list; got {text!r}")
+    return out
+
+
+def _lam(value: str):
+    if value == "auto":
+        return "auto"
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"λ must be a number or 'auto', got {value!r}") from None
+
+
+def _lam_factors(text: str) -> list[float]:
+    try:
+        out = [float(w) for w in _words(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive numbers; got {text!r}") from None
+    if not all(v > 0 for v in out):
+        raise argparse.ArgumentTypeError(f"λ factors must be > 0; got {text!r}")
+    return out
+
+
+def _common(p: argparse.ArgumentParser, json_default: str) -> None:
+    p.add_argument("--model", default=None, help="'smollm2' (default), a local Hugging Face model directory, or a .gguf file")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
+    p.add_argument("--out", default="ridgefill-out", help="folder for cached maps (default ridgefill-out)")
+    p.add_argument("--json", default=None, help=f"JSON file to write (default <out>/{json_default})")
+    p.add_argument("--calib-tokens", type=int, default=65536, help="calibration tokens for maps fitted here (default 65536)")
+    p.add_argument("--chunk", type=int, default=1024, help="calibration chunk length (default 1024)")
+    p.add_argument("--lam", type=_lam, default="auto", help="ridge λ for maps fitted here: a number or 'auto' (default)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _loss_args(p: argparse.ArgumentParser, docs: int, novel: int) -> None:
+    p.add_argument("--docs", type=int, default=docs, help=f"plain evaluation documents (default {docs})")
+    p.add_argument("--novel-docs", type=int, default=novel, help=f"novel-text (renamed) documents (default {novel})")
+    p.add_argument("--doc-tokens", type=int, default=2048, help="prompt tokens per document (default 2048)")
+    p.add_argument("--tail", type=int, default=256, help="exact tail rows, the scored tokens (default 256)")
+    p.add_argument("--window", type=int, default=64, help="local window W for key tokens: each scored token "
+                   "sees W+1..2W tokens (default 64)")
+    p.add_argument("--tau", type=float, default=1.0, help="key-token threshold τ in nats (default 1.0)")
+    p.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples (default 10000)")
+
+
+def _needle_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--needle-tail", type=int, default=64, help="exact tail rows of needle prompts; must hold "
+                   "the question (default 64)")
+    p.add_argument("--chat", action="store_true", help="wrap needle prompts in the model's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=12, help="greedy answer tokens (default 12)")
+
+
+def add_subcommand(subparsers) -> None:
+    """Register ``eval`` (with ``needle``, ``loss``, ``splice``, ``depth``) and ``report``."""
+    ev = subparsers.add_parser("eval", help="evaluation measurements (needles, key-token loss, splice, depth table)")
+    sub = ev.add_subparsers(dest="eval_command", required=True)
+
+    p = sub.add_parser("needle", help="filled-region needle retrieval, RULER-style, by context length")
+    _common(p, "needle.json")
+    _needle_args(p)
+    p.add_argument("--lengths", type=_ints, default=[1024, 2048, 4096, 8000], help="context lengths (default 1k,2k,4k,8000)")
+    p.add_argument("--trials", type=int, default=8, help="trials per variant and length (default 8)")
+    p.add_argument("--variants", type=_words, default=["single", "multikey"], help="single,multikey (default both)")
+    p.add_argument("--modes", type=_words, default=["exact", "ridge", "identity", "none"])
+    p.add_argument("--splits", type=_ints, default=None, help="fill splits (default L/2)")
+    p.set_defaults(func=_cmd_needle)
+
+    p = sub.add_parser("loss", help="ΔNLL vs exact on all, key and novel-text tokens, with bootstrap CIs")
+    _common(p, "loss.json")
+    _loss_args(p, 8, 8)
+    p.add_argument("--modes", type=_words, default=["ridge", "identity", "none"])
+    p.add_argument("--splits", type=_ints, default=None, help="fill splits (default L/2)")
+    p.set_defaults(func=_cmd_loss)
+
+    p = sub.add_parser("splice", help="fill with exact K, V or key scale spliced into the late layers")
+    _common(p, "splice.json")
+    _loss_args(p, 6, 6)
+    p.add_argument("--splits", type=_ints, default=None, help="fill splits (default L/2)")
+    p.add_argument("--mode", default="ridge", choices=["ridge", "identity"])
+    p.add_argument("--components", type=_words, default=None, help="splice components (default all)")
+    p.add_argument("--key-scale-tokens", type=int, default=0, help="also evaluate ridge with a key-scale "
+                   "correction fitted on this many calibration tokens (default 0: off)")
+    p.add_argument("--lam-factors", type=_lam_factors, default=[], help="also evaluate ridge re-solved with "
+                   "every λ multiplied by these factors, e.g. 10,100 (default none)")
+    p.set_defaults(func=_cmd_splice)
+
+    p = sub.add_parser("depth", help="the seed's table: key-token ΔNLL and needle score by split depth")
+    _common(p, "depth.json")
+    _loss_args(p, 6, 6)
+    _needle_args(p)
+    p.add_argument("--depths", type=_words, default=["1/4", "3/8", "1/2", "5/8"], help="split depths (default 1/4,3/8,1/2,5/8)")
+    p.add_argument("--modes", type=_words, default=["ridge", "identity", "none"])
+    p.add_argument("--needle-length", type=int, default=2048, help="needle context length (default 2048)")
+    p.add_argument("--needle-trials", type=int, default=8, help="single-needle trials per split (default 8; 0 skips)")
+    p.set_defaults(func=_cmd_depth)
+
+    p = subparsers.add_parser("report", help="turn eval JSON files into a markdown report with PNG plots")
+    p.add_argument("inputs", nargs="+", help="JSON files written by `ridgefill eval ...`")
+    p.add_argument("--out", default="ridgefill-out/report", help="report folder (default ridgefill-out/report)")
+    p.set_defaults(func=_cmd_report)
+
+
+# --------------------------------------------------------------------------------------------------
+
+def _say(a, msg: str) -> None:
+    if not getattr(a, "quiet", False):
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _setup(a):
+    import torch
+
+    from ..adapters import adapter_for
+    from ..assets import load_model
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    model, tok, name = load_model(a.model)
+    adapter_for(model)  # unsupported architectures fail here, before any work
+    return model, tok, name
+
+
+def _splits(a, model) -> list[int]:
+    L = model.config.num_hidden_layers
+    splits = a.splits if a.splits else [L // 2]
+    for s in splits:
+        if not 0 <= s <= L - 2:
+            raise InputError(f"split {s} is out of range for a {L}-layer model: use 0..{L - 2}")
+    return splits
+
+
+def _maps(a, model, tok, name, splits, needed: bool):
+    from .depth import maps_for_splits
+
+    if not needed:
+        return {s: None for s in splits}
+    return maps_for_splits(model, tok, name, splits, out=a.out, calib_tokens=a.calib_tokens, chunk=a.chunk,
+                           lam=a.lam, progress=not a.quiet)
+
+
+def _header(a, name, model, kind: str) -> dict:
+    import torch
+
+    return {"kind": kind, "model": name, "model_type": model.config.model_type,
+            "num_layers": model.config.num_hidden_layers,
+            "max_position_embeddings": getattr(model.config, "max_position_embeddings", None), "seed": a.seed,
+            "argv": sys.argv[1:], "threads": torch.get_num_threads(), "machine": platform.machine(),
+            "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+def _maps_meta(maps_by_split) -> dict:
+    return {str(s): None if m is None else {"calibration_tokens": m.meta.get("calibration_tokens"),
+                                            "lambda_spec": m.meta.get("lambda_spec"), "lambdas": m.lambdas,
+                                            "heldout_rel_error": m.meta.get("heldout_rel_error"),
+                                            "heldout_rel_error_identity": m.meta.get("heldout_rel_error_identity")}
+            for s, m in maps_by_split.items()}
+
+
+def _finish(a, report: dict, t0: float, default: str) -> None:
+    from ..fileio import write_json
+
+    report["wall_seconds"] = time.perf_counter() - t0
+    report["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    path = Path(a.json) if a.json else Path(a.out) / default
+    write_json(path, report)
+    print(f"wrote {path} ({report['wall_seconds']:.0f} s)")
+
+
+def _documents(a, tok):
+    from ..assets import EVALUATION_BOOKS, load_texts
+    from ..run import evaluation_documents
+    from .loss import novel_documents
+
+    if a.tail >= a.doc_tokens:
+        raise InputError(f"--tail {a.tail} must be shorter than --doc-tokens {a.doc_tokens}")
+    if a.docs < 0 or a.novel_docs < 0 or a.docs + a.novel_docs == 0:
+        raise InputError("give at least one document (--docs and/or --novel-docs)")
+    texts = {k: load_texts()[k] for k in EVALUATION_BOOKS}
+    docs, sets = [], []
+    if a.docs:
+        docs += evaluation_documents(tok, texts, a.docs, a.doc_tokens)
+        sets += ["plain"] * a.docs
+    mapping = {}
+    if a.novel_docs:
+        novel, mapping = novel_documents(tok, texts, a.novel_docs, a.doc_tokens, seed=a.seed)
+        docs += novel
+        sets += ["novel"] * a.novel_docs
+    info = {"plain": {"source": f"evaluation books {list(EVALUATION_BOOKS)}, evenly spaced", "documents": a.docs},
+            "novel": {"source": "the evaluation books with recurring proper names replaced by invented names, "
+                                "from the paragraph nearest each book's middle", "documents": a.novel_docs,
+                      "renamed": {k: len(v) for k, v in mapping.items()},
+                      "examples": {k: dict(list(v.items())[:8]) for k, v in mapping.items()}}}
+    return docs, sets, info
+
+
+def _loss_header(a, model) -> dict:
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    if max_pos and a.doc_tokens > max_pos:
+        raise InputError(f"--doc-tokens {a.doc_tokens} exceeds the model's context of {max_pos} tokens")
+    return {"doc_tokens": a.doc_tokens, "tail": a.tail, "window": a.window, "tau": a.tau,
+            "local_context": [a.window + 1, 2 * a.window], "resamples": a.resamples}
+
+
+def _cmd_needle(a) -> None:
+    from ..assets import EVALUATION_BOOKS, load_texts
+    from .needles import VARIANTS, haystack_sentences, run_needles
+
+    t0 = time.perf_counter()
+    for v in a.variants:
+        if v not in VARIANTS:
+            raise InputError(f"unknown needle variant {v!r}; use {','.join(VARIANTS)}")
+    model, tok, name = _setup(a)
+    splits = _splits(a, model)
+    maps = _maps(a, model, tok, name, splits, "ridge" in a.modes)
+    sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
+    res = run_needles(model, tok, sentences, lengths=a.lengths, trials=a.trials, variants=a.variants,
+                      modes=a.modes, maps_by_split=maps, splits=splits, tail=a.needle_tail, seed=a.seed,
+                      chat=a.chat, max_new_tokens=a.max_new_tokens, progress=lambda m: _say(a, m))
+    report = _header(a, name, model, "needle")
+    report.update({"lengths": a.lengths, "trials_per_cell": a.trials, "variants": a.variants, "modes": a.modes,
+                   "splits": splits, "tail": a.needle_tail, "chat": a.chat, "maps": _maps_meta(maps), **res})
+    _finish(a, report, t0, "needle.json")
+
+
+def _cmd_loss(a) -> None:
+    from dataclasses import asdict
+
+    from .loss import fill_variants, key_token_stats, score_documents, summarise
+
+    t0 = time.perf_counter()
+    model, tok, name = _setup(a)
+    splits = _splits(a, model)
+    report = _header(a, name, model, "loss")
+    report.update(_loss_header(a, model))
+    docs, sets, info = _documents(a, tok)
+    maps = _maps(a, model, tok, name, splits, "ridge" in a.modes)
+    recs = score_documents(model, docs, sets, tail=a.tail, window=a.window,
+                           variants=fill_variants(model, maps, a.modes, tail=a.tail), progress=lambda m: _say(a, m))
+    report.update({"splits": splits, "modes": a.modes, "document_sets": info, "maps": _maps_meta(maps),
+                   "key_tokens": key_token_stats(recs, a.tau),
+                   "summary": summarise(recs, tau=a.tau, resamples=a.resamples, seed=a.seed),
+                   "documents": [asdict(r) for r in recs]})
+    _finish(a, report, t0, "loss.json")
+
+
+def _cmd_splice(a) -> None:
+    from dataclasses import asdict
+
+    from .loss import key_token_stats, score_documents, summarise
+    from .splice import COMPONENTS, fit_key_scales, fix_variants, splice_variants
+
+    t0 = time.perf_counter()
+    comps = a.components or list(COMPONENTS)
+    for c in comps:
+        if c not in COMPONENTS:
+            raise InputError(f"unknown splice component {c!r}; use {','.join(COMPONENTS)}")
+    model, tok, name = _setup(a)
+    splits = _splits(a, model)
+    report = _header(a, name, model, "splice")
+    report.update(_loss_header(a, model))
+    docs, sets, info = _documents(a, tok)
+    fixes = bool(a.key_scale_tokens or a.lam_factors)
+    maps = _maps(a, model, tok, name, splits, a.mode == "ridge" or fixes)
+    variants = splice_variants(model, maps, tail=a.tail, mode=a.mode, components=comps)
+    scales = {}
+    if a.key_scale_tokens:
+        from ..assets import CALIBRATION_BOOKS, load_texts
+        from ..calibrate import calibration_chunks
+
+        texts = load_texts()
+        # the last chunks of the calibration books' spread: evenly spaced, like the maps' own calibration
+        chunks = calibration_chunks(tok, {k: texts[k] for k in CALIBRATION_BOOKS}, a.key_scale_tokens, a.chunk)
+        for s in splits:
+            _say(a, f"fitting key scales at S={s} on {len(chunks)} chunks")
+            scales[s] = fit_key_scales(model, maps[s], chunks)
+    variants.update(fix_variants(model, maps, tail=a.tail, key_scales=scales, lam_factors=a.lam_factors))
+    recs = score_documents(model, docs, sets, tail=a.tail, window=a.window, variants=variants,
+                           progress=lambda m: _say(a, m))
+    report.update({"key_scales": {str(s): v.tolist() for s, v in scales.items()},
+                   "key_scale_tokens": a.key_scale_tokens, "lam_factors": a.lam_factors})
+    report.update({"splits": splits, "mode": a.mode, "components": comps, "document_sets": info,
+                   "maps": _maps_meta(maps), "key_tokens": key_token_stats(recs, a.tau),
+                   "summary": summarise(recs, tau=a.tau, resamples=a.resamples, seed=a.seed),
+                   "documents": [asdict(r) for r in recs]})
+    _finish(a, report, t0, "splice.json")
+
+
+def _cmd_depth(a) -> None:
+    from ..assets import EVALUATION_BOOKS, load_texts
+    from .depth import parse_depth, run_depth, split_for_depth
+    from .needles import haystack_sentences
+
+    t0 = time.perf_counter()
+    depths = [parse_depth(d) for d in a.depths]
+    model, tok, name = _setup(a)
+    L = model.config.num_hidden_layers
+    splits = [split_for_depth(d, L) for d in depths]
+    report = _header(a, name, model, "depth")
+    report.update(_loss_header(a, model))
+    docs, sets, info = _documents(a, tok)
+    maps = _maps(a, model, tok, name, splits, "ridge" in a.modes)
+    sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
+    res = run_depth(model, tok, maps, docs=docs, sets=sets, sentences=sentences, tail=a.tail, window=a.window,
+                    tau=a.tau, needle_length=a.needle_length, needle_trials=a.needle_trials,
+                    needle_tail=a.needle_tail, modes=a.modes, seed=a.seed, chat=a.chat, resamples=a.resamples,
+                    progress=lambda m: _say(a, m))
+    report.update({"depths": [str(d) for d in depths], "splits": splits, "modes": a.modes,
+                   "needle_length": a.needle_length, "needle_tail": a.needle_tail, "chat": a.chat,
+                   "document_sets": info, "maps": _maps_meta(maps), **res})
+    _finish(a, report, t0, "depth.json")
+
+
+def _cmd_report(a) -> None:
+    from .report import write_report
+
+    path = write_report(a.inputs, a.out)
+    print(f"wrote {path}")

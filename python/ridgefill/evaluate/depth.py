@@ -1,0 +1,124 @@
+"""The seed's table: loss and needle retrieval by split depth, and the maps it needs (``ridgefill eval depth``).
+
+Depths are fractions of the layer count; ``S = round(depth · L)`` (half up), so on a 30-layer model
+1/4, 3/8, 1/2, 5/8 give ``S`` = 8, 11, 15, 19 (the paper's 32-layer Llama: 8, 12, 16, 20). Layers
+``0..S`` run exactly, layers ``S+1..L-1`` are filled.
+
+Maps for several splits are fitted from one pass over the calibration text
+(:func:`ridgefill.calibrate.calibrate_many`) and cached as ``<out>/maps-S<S>.safetensors``, the same
+files ``ridgefill run`` reuses.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..errors import InputError, MapsFormatError, MapsMismatchError
+from ..maps import RidgeMaps, load_maps, load_stats, stats_path
+
+#: The seed's depths (fractions of the layer count).
+SEED_DEPTHS: tuple[str, ...] = ("1/4", "3/8", "1/2", "5/8")
+
+
+def parse_depth(text: str) -> Fraction:
+    """``"3/8"`` or ``"0.375"`` -> ``Fraction(3, 8)``. Raises :class:`InputError` unless ``0 < depth < 1``."""
+    try:
+        value = Fraction(str(text).strip())
+    except (ValueError, ZeroDivisionError):
+        raise InputError(f"depth {text!r} is not a fraction such as 3/8 or 0.375") from None
+    if not 0 < value < 1:
+        raise InputError(f"depth {text!r} must lie strictly between 0 and 1 (a fraction of the layers)")
+    return value
+
+
+def split_for_depth(depth: Fraction | str, num_layers: int) -> int:
+    """``S = round(depth · L)`` (half up), checked to leave at least one late layer.
+
+    Raises:
+        InputError: the split falls outside ``0..L-2``.
+    """
+    depth = parse_depth(depth) if not isinstance(depth, Fraction) else depth
+    split = int(depth * num_layers + Fraction(1, 2))
+    if not 0 <= split <= num_layers - 2:
+        raise InputError(f"depth {depth} of a {num_layers}-layer model gives split S={split}, outside 0..{num_layers - 2}")
+    return split
+
+
+def maps_path(out: str | Path, split: int) -> Path:
+    """Where the maps for ``split`` are cached: ``<out>/maps-S<split>.safetensors``."""
+    return Path(out) / f"maps-S{split}.safetensors"
+
+
+def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: Sequence[int], *,
+                    out: str | Path = "ridgefill-out", calib_tokens: int = 65536, chunk: int = 1024,
+                    lam: float | str = "auto", progress: bool = True) -> dict[int, RidgeMaps]:
+    """Maps for every split: load ``<out>/maps-S<S>.safetensors`` (with its statistics file, when there is
+    one) when it fits the model and was fitted
+    with the same λ spec, chunk and (at least about) ``calib_tokens`` tokens; fit the missing splits
+    together in one pass over :data:`ridgefill.assets.CALIBRATION_BOOKS` and save them there.
+
+    Returns:
+        ``{S: RidgeMaps}``.
+    """
+    from ..assets import CALIBRATION_BOOKS, load_texts
+    from ..calibrate import calibrate_many
+
+    result: dict[int, RidgeMaps] = {}
+    missing = []
+    for split in sorted(set(splits)):
+        path = maps_path(out, split)
+        if path.exists():
+            try:
+                maps = load_maps(path)
+                maps.check_model(model, split)
+                if (maps.meta.get("calibration_tokens", 0) >= calib_tokens * (1 - 1 / 8)
+                        and maps.meta.get("lambda_spec") == str(lam) and maps.meta.get("chunk") == chunk):
+                    if stats_path(path).exists():  # keep the statistics for re-solving with another λ
+                        maps.stats = load_stats(stats_path(path))[0]
+                    result[split] = maps
+                    continue
+            except (MapsFormatError, MapsMismatchError) as e:
+                print(f"existing maps at {path} not usable ({e}); calibrating anew")
+        missing.append(split)
+    if missing:
+        texts = load_texts()
+        fitted = calibrate_many(model, tokenizer, {k: texts[k] for k in CALIBRATION_BOOKS}, splits=missing,
+                                tokens=calib_tokens, chunk=chunk, lam=lam, model_name=model_name,
+                                progress=progress)
+        for split, maps in fitted.items():
+            maps.save(maps_path(out, split))
+            result[split] = maps
+    return result
+
+
+def run_depth(model: torch.nn.Module, tokenizer, maps_by_split: dict[int, RidgeMaps], *, docs, sets,
+              sentences, tail: int, window: int, tau: float, needle_length: int, needle_trials: int,
+              needle_tail: int, modes: Sequence[str] = ("ridge", "identity", "none"), seed: int = 0,
+              chat: bool = False, resamples: int = 10000, progress=None) -> dict:
+    """The seed's table: key-token (and all/novel) ΔNLL vs exact per split and mode, and filled-region
+    single-needle retrieval per split and mode at one context length.
+
+    Returns:
+        ``{"loss": {...}, "needles": {...}}`` (see :func:`ridgefill.evaluate.loss.summarise` and
+        :func:`ridgefill.evaluate.needles.run_needles`).
+    """
+    from dataclasses import asdict
+
+    from .loss import fill_variants, key_token_stats, score_documents, summarise
+    from .needles import run_needles
+
+    splits = sorted(maps_by_split)
+    records = score_documents(model, docs, sets, tail=tail, window=window,
+                              variants=fill_variants(model, maps_by_split, modes, tail=tail), progress=progress)
+    loss = {"summary": summarise(records, tau=tau, resamples=resamples, seed=seed),
+            "key_tokens": key_token_stats(records, tau), "documents": [asdict(r) for r in records]}
+    needles = None
+    if needle_trials:
+        needles = run_needles(model, tokenizer, sentences, lengths=[needle_length], trials=needle_trials,
+                              variants=["single"], modes=["exact", *modes], maps_by_split=maps_by_split,
+                              splits=splits, tail=needle_tail, seed=seed, chat=chat, progress=progress)
+    return {"loss": loss, "needles": needles}

@@ -1,0 +1,404 @@
+"""Loss on context-dependent tokens (paper, "Evaluation"): ΔNLL vs exact with bootstrap intervals.
+
+Averaged over every token, RidgeFill's error is small because most tokens are predictable from the
+last few dozen tokens, which the exact tail computes exactly. This module scores three token classes
+of the exact tail (the last ``tail`` rows of a ``doc_tokens``-token prompt; row ``p`` predicts token
+``p + 1``):
+
+- **all** exact-row tokens;
+- **key** tokens: tokens whose exact NLL with the full prefix is lower, by at least ``τ`` nats, than
+  with only a short local window (:func:`local_window_nll`, :func:`key_token_mask`); these are the
+  tokens that need the filled region;
+- **novel** text: documents the model cannot have memorised (:func:`renamed_texts`): the evaluation
+  novels with every recurring proper name (characters, places) replaced, consistently within the
+  book, by an invented name. Verbatim recall of the novel cannot predict these names; they have to be
+  copied from the context. The novel set's passages are taken from the other half of each book
+  (:func:`novel_documents`), so they do not repeat the plain set's passages.
+
+ΔNLL is ``mean(NLL_mode − NLL_exact)`` over the class's tokens, in nats/token (a ratio of sums over
+documents), with a 95 % percentile bootstrap interval that resamples documents
+(:func:`bootstrap_ci`), since tokens within a document are not independent.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..errors import InputError
+from ..fill import prefill
+
+#: Capitalised words that are titles, headings or calendar words, never renamed.
+_KEEP = frozenset({
+    "mr", "mrs", "miss", "sir", "lady", "lord", "dr", "captain", "colonel", "admiral", "chapter", "volume",
+    "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday", "january", "february",
+    "march", "april", "may", "june", "july", "august", "september", "october", "november", "december",
+    "christmas", "michaelmas", "easter", "god", "heaven", "english", "the", "end"})
+_ONSETS = ("b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p", "pr", "r", "s", "st",
+           "t", "tr", "v", "z", "th", "sk")
+_VOWELS = ("a", "e", "i", "o", "u", "ae", "ou", "y")
+_CODAS = ("", "", "n", "r", "l", "s", "th", "m", "x", "v")
+
+
+# --------------------------------------------------------------------------------------------------
+# Statistics
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class Estimate:
+    """A ratio-of-sums mean with its percentile bootstrap interval.
+
+    Attributes:
+        mean: ``Σ sums / Σ counts`` over documents (e.g. nats/token).
+        lo, hi: interval bounds at ``level`` (``nan`` when no resample has a token).
+        docs: documents; tokens: ``Σ counts``; level: e.g. ``0.95``; resamples: bootstrap draws.
+    """
+
+    mean: float
+    lo: float
+    hi: float
+    docs: int
+    tokens: int
+    level: float = 0.95
+    resamples: int = 0
+
+    def as_dict(self) -> dict:
+        return {"mean": self.mean, "ci": [self.lo, self.hi], "level": self.level, "docs": self.docs,
+                "tokens": self.tokens, "resamples": self.resamples}
+
+
+def bootstrap_ci(sums: Sequence[float], counts: Sequence[float], *, resamples: int = 10000,
+                 level: float = 0.95, seed: int = 0) -> Estimate:
+    """Mean ``Σ sums / Σ counts`` with a percentile bootstrap interval over documents.
+
+    Each resample draws ``D`` documents with replacement (``D = len(sums)``) and recomputes the ratio;
+    resamples whose documents hold no token are dropped. Deterministic for a given ``seed``.
+
+    Args:
+        sums: per-document sums of the per-token values ``[D]`` (e.g. ``Σ ΔNLL``, nats).
+        counts: per-document token counts ``[D]`` (``≥ 0``).
+        resamples: bootstrap draws (``≥ 1``); level: coverage in ``(0, 1)``.
+
+    Raises:
+        InputError: empty or mismatched inputs, negative or non-finite values, no token at all, or a
+            bad ``resamples``/``level``.
+    """
+    s = np.asarray(sums, dtype=np.float64)
+    c = np.asarray(counts, dtype=np.float64)
+    if s.ndim != 1 or s.shape != c.shape or s.size == 0:
+        raise InputError(f"bootstrap_ci needs two equal-length 1-D sequences with at least one document; got "
+                         f"shapes {s.shape} and {c.shape}")
+    if not (np.isfinite(s).all() and np.isfinite(c).all()) or (c < 0).any():
+        raise InputError("bootstrap_ci: sums must be finite and counts finite and ≥ 0")
+    if c.sum() <= 0:
+        raise InputError("bootstrap_ci: no token to average (every count is 0); lower τ or add documents")
+    if resamples < 1 or not 0 < level < 1:
+        raise InputError(f"bootstrap_ci: resamples must be ≥ 1 and level in (0, 1); got {resamples}, {level}")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, s.size, size=(resamples, s.size))
+    cs = c[idx].sum(1)
+    ok = cs > 0
+    ratios = s[idx].sum(1)[ok] / cs[ok]
+    alpha = (1 - level) / 2
+    lo, hi = (np.quantile(ratios, [alpha, 1 - alpha]) if ratios.size else (math.nan, math.nan))
+    return Estimate(float(s.sum() / c.sum()), float(lo), float(hi), int(s.size), int(c.sum()), level,
+                    int(resamples))
+
+
+def wilson_interval(successes: int, trials: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion, in percent ``[0, 100]`` (for needle scores, where a
+    bootstrap of all-correct trials would give a zero-width interval).
+
+    Raises:
+        InputError: ``trials < 1`` or ``successes`` outside ``0..trials``.
+    """
+    if trials < 1 or not 0 <= successes <= trials:
+        raise InputError(f"wilson_interval needs 0 ≤ successes ≤ trials and trials ≥ 1; got {successes}/{trials}")
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
+    p = successes / trials
+    den = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / den
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / den
+    return 100 * max(0.0, centre - half), 100 * min(1.0, centre + half)
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-token NLL
+# --------------------------------------------------------------------------------------------------
+
+def token_nll(logits: Tensor, targets: Tensor) -> Tensor:
+    """NLL (nats) of ``targets`` ``[rows]`` under ``logits`` ``[rows, vocab]``; float64 ``[rows]``."""
+    logp = F.log_softmax(logits.double(), dim=-1)
+    return -logp.gather(1, targets[:, None].to(logp.device))[:, 0].cpu()
+
+
+@torch.inference_mode()
+def local_window_nll(model: torch.nn.Module, doc: Tensor, positions: Tensor, window: int, *,
+                     batch: int = 8) -> Tensor:
+    """NLL of token ``p + 1`` at each row ``p`` in ``positions``, seeing only a short local window.
+
+    Strided windows (the standard trick, instead of one forward per token): rows are grouped in
+    blocks ``[jW, (j+1)W)``; block ``j`` is scored by one exact forward over tokens
+    ``[(j-1)W, (j+1)W)`` (positions restarting at 0), so row ``p`` sees the ``p − (j−1)W + 1``
+    tokens ending at itself: between ``W + 1`` and ``2W`` tokens (fewer only in block 0, where
+    the whole prefix is shorter than that). Windows of equal length run as one batch.
+
+    Args:
+        doc: ``[N + 1]`` int64 token ids (the prompt plus the token the last row predicts).
+        positions: ``[rows]`` int64 rows ``p`` with ``0 ≤ p < N``.
+        window: ``W ≥ 1`` tokens.
+
+    Returns:
+        ``[rows]`` float64 NLL in nats, in the order of ``positions``.
+
+    Raises:
+        InputError: ``window < 1`` or a row outside ``0..N-1``.
+    """
+    positions = torch.as_tensor(positions, dtype=torch.long).cpu()
+    n = doc.numel() - 1
+    if window < 1:
+        raise InputError(f"window={window} must be ≥ 1 token")
+    if positions.numel() and (positions.min() < 0 or positions.max() >= n):
+        raise InputError(f"positions must lie in 0..{n - 1} (rows with a next token in the document)")
+    device = next(model.parameters()).device
+    out = torch.empty(positions.numel(), dtype=torch.float64)
+    blocks = torch.div(positions, window, rounding_mode="floor")
+    jobs: dict[int, list[tuple[int, int]]] = {}  # window length -> [(block, start)]
+    for j in blocks.unique().tolist():
+        start = max(0, (j - 1) * window)
+        end = min(n, (j + 1) * window)
+        jobs.setdefault(end - start, []).append((j, start))
+    for length, items in jobs.items():
+        for b in range(0, len(items), batch):
+            part = items[b: b + batch]
+            ids = torch.stack([doc[s: s + length] for _, s in part]).to(device)
+            skip = min(max(j * window, int(positions.min())) - s for j, s in part)  # rows nobody scores
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=length - skip).logits
+            for row, (j, s) in enumerate(part):
+                sel = (blocks == j).nonzero()[:, 0]
+                p = positions[sel]
+                out[sel] = token_nll(logits[row, p - s - skip], doc[p + 1])
+    return out
+
+
+def key_token_mask(nll_full: Tensor, nll_local: Tensor, tau: float) -> Tensor:
+    """Key tokens: ``nll_local − nll_full ≥ τ`` (bool, same shape). Raises :class:`InputError` if
+    ``τ < 0`` or the shapes differ."""
+    if not tau >= 0:
+        raise InputError(f"τ={tau} must be ≥ 0 nats")
+    if nll_full.shape != nll_local.shape:
+        raise InputError(f"NLL shapes differ: {tuple(nll_full.shape)} vs {tuple(nll_local.shape)}")
+    return (nll_local - nll_full) >= tau
+
+
+# --------------------------------------------------------------------------------------------------
+# Documents
+# --------------------------------------------------------------------------------------------------
+
+def invented_names(count: int, seed: int, avoid: set[str] = frozenset()) -> list[str]:
+    """``count`` distinct pronounceable invented names (2-3 syllables, capitalised), seeded, none of
+    whose lowercase forms is in ``avoid``."""
+    rng = np.random.default_rng(seed)
+    out: list[str] = []
+    seen = set(avoid)
+    while len(out) < count:
+        syl = int(rng.integers(2, 4))
+        name = "".join(_ONSETS[rng.integers(len(_ONSETS))] + _VOWELS[rng.integers(len(_VOWELS))]
+                       + (_CODAS[rng.integers(len(_CODAS))] if k == syl - 1 else "") for k in range(syl))
+        if name not in seen and 4 <= len(name) <= 10:
+            seen.add(name)
+            out.append(name.capitalize())
+    return out
+
+
+def proper_names(text: str, min_count: int = 8) -> list[str]:
+    """Recurring proper names of ``text``: capitalised words (3+ letters, not all caps) seen at least
+    ``min_count`` times whose lowercase form is at most 2 % as frequent, minus titles and calendar
+    words. Most frequent first."""
+    words = re.findall(r"[A-Za-z]+", text)
+    cap = Counter(w for w in words if w[0].isupper() and len(w) >= 3 and not w.isupper())
+    low = Counter(w.lower() for w in words if w[0].islower())
+    return [w for w, c in cap.most_common() if c >= min_count and low[w.lower()] <= 0.02 * c
+            and w.lower() not in _KEEP]
+
+
+def renamed_texts(texts: Mapping[str, str], *, seed: int = 0, min_count: int = 8) -> tuple[dict[str, str], dict]:
+    """Replace every recurring proper name (:func:`proper_names`) by an invented one, consistently
+    within each book (a plural ``Names`` follows its ``Name``).
+
+    Returns:
+        ``({title: renamed text}, {title: {name: invented}})``.
+    """
+    out, mappings = {}, {}
+    for i, (title, text) in enumerate(texts.items()):
+        names = proper_names(text, min_count)
+        vocab = {w.lower() for w in re.findall(r"[A-Za-z]+", text)}
+        fake = iter(invented_names(len(names), seed * 1000 + i, vocab))
+        mapping: dict[str, str] = {}
+        for name in sorted(names, key=len):  # stems before their plurals
+            if name.endswith("s") and name[:-1] in mapping:
+                mapping[name] = mapping[name[:-1]] + "s"
+            else:
+                mapping[name] = next(fake)
+        if mapping:
+            pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(mapping, key=len, reverse=True))) + r")\b")
+            text = pattern.sub(lambda m: mapping[m.group(1)], text)
+        out[title] = text
+        mappings[title] = mapping
+    return out, mappings
+
+
+def novel_documents(tokenizer, texts: Mapping[str, str], docs: int, doc_tokens: int, *,
+                    seed: int = 0) -> tuple[list[Tensor], dict]:
+    """Novel-text documents: :func:`renamed_texts`, each book rotated to start at the paragraph
+    nearest its middle (so the passages differ from the plain set's, which starts at the beginning),
+    then cut like :func:`ridgefill.run.evaluation_documents`.
+
+    Returns:
+        ``(documents [doc_tokens + 1] int64 each, {title: {name: invented}})``.
+    """
+    from ..run import evaluation_documents
+
+    renamed, mappings = renamed_texts(texts, seed=seed)
+    rotated = {}
+    for title, text in renamed.items():
+        mid = text.find("\n\n", len(text) // 2)
+        mid = len(text) // 2 if mid < 0 else mid + 2
+        rotated[title] = text[mid:] + "\n\n" + text[:mid]
+    return evaluation_documents(tokenizer, rotated, docs, doc_tokens), mappings
+
+
+# --------------------------------------------------------------------------------------------------
+# The measurement
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class DocScores:
+    """Per-token NLLs (nats, float64) of one document's exact tail.
+
+    Attributes:
+        set: ``"plain"`` or ``"novel"``; positions: the scored rows ``[T]``.
+        exact: ``[T]`` exact NLL with the full prefix; local: ``[T]`` with the local window only.
+        fill: ``{"<split>/<variant>": [T]}`` NLL under each fill variant.
+    """
+
+    set: str
+    positions: list[int]
+    exact: list[float]
+    local: list[float]
+    fill: dict[str, list[float]] = field(default_factory=dict)
+
+
+def tail_nll(model: torch.nn.Module, doc: Tensor, *, tail: int, mode: str, maps=None, split: int | None = None,
+             kv_hook=None) -> tuple[Tensor, Tensor, object]:
+    """Prefill ``doc[:-1]`` (``N`` rows) with ``mode`` and score the exact tail.
+
+    Returns:
+        ``(nll [T] float64 nats, positions [T] int64, PrefillResult)``.
+    """
+    device = next(model.parameters()).device
+    ids = doc[None, :-1].to(device)
+    res = prefill(model, ids, maps, tail=tail, mode=mode, split=split, logits="exact", kv_hook=kv_hook)
+    pos = res.exact_positions.cpu()
+    return token_nll(res.logits[0], doc[pos + 1]), pos, res
+
+
+def score_documents(model: torch.nn.Module, docs: Sequence[Tensor], sets: Sequence[str], *, tail: int,
+                    window: int, variants: Mapping[str, Callable[[Tensor], Tensor]],
+                    progress: Callable[[str], None] | None = None) -> list[DocScores]:
+    """Exact, local-window and fill NLLs for every document.
+
+    Args:
+        docs: ``[N + 1]`` int64 each; sets: the set name of each document.
+        variants: ``{name: fn(doc, exact) -> nll [T]}``, each scoring the same exact tail (see
+            :func:`fill_variants`, :func:`ridgefill.evaluate.splice.splice_variants`); called once per
+            document with the document's exact :class:`ridgefill.fill.PrefillResult`.
+        progress: called with a short status line after each document.
+    """
+    if len(docs) != len(sets):
+        raise InputError("score_documents: one set name per document")
+    out = []
+    for i, (doc, name) in enumerate(zip(docs, sets)):
+        t0 = time.perf_counter()
+        exact, pos, exact_res = tail_nll(model, doc, tail=tail, mode="exact")
+        local = local_window_nll(model, doc, pos, window)
+        rec = DocScores(name, pos.tolist(), exact.tolist(), local.tolist())
+        for key, fn in variants.items():
+            rec.fill[key] = fn(doc, exact_res).tolist()
+        out.append(rec)
+        if progress:
+            progress(f"document {i + 1}/{len(docs)} ({name}) in {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+def fill_variants(model: torch.nn.Module, maps_by_split: Mapping[int, object], modes: Sequence[str], *,
+                  tail: int) -> dict[str, Callable[[Tensor], Tensor]]:
+    """``{"<S>/<mode>": fn(doc, exact) -> nll [T]}`` for every split and fill mode (``ridge`` needs maps)."""
+    out = {}
+    for split, maps in maps_by_split.items():
+        for mode in modes:
+            if mode == "exact":
+                continue
+            if mode == "ridge" and maps is None:
+                raise InputError(f"mode 'ridge' at split {split} needs maps")
+            out[f"{split}/{mode}"] = (lambda doc, _exact, s=split, m=mode, mp=maps:
+                                      tail_nll(model, doc, tail=tail, mode=m, maps=mp if m == "ridge" else None,
+                                               split=s)[0])
+    return out
+
+
+def summarise(records: Sequence[DocScores], *, tau: float, resamples: int = 10000, seed: int = 0) -> list[dict]:
+    """ΔNLL vs exact with bootstrap intervals for every (document set, token class, variant).
+
+    Token classes: ``all``; ``key`` (:func:`key_token_mask` with ``τ``). Document sets: each set name
+    present, and ``"all"`` (every document) when there are several.
+
+    Returns:
+        rows ``{"set", "tokens", "variant", "delta_nll": Estimate.as_dict(), "nll", "exact_nll"}``.
+    """
+    names = sorted({r.set for r in records})
+    groups = {n: [r for r in records if r.set == n] for n in names}
+    if len(names) > 1:
+        groups["all"] = list(records)
+    variants = list(records[0].fill) if records else []
+    rows = []
+    for gname, recs in groups.items():
+        for cls in ("all", "key"):
+            masks = []
+            for r in recs:
+                ex, lo = torch.tensor(r.exact), torch.tensor(r.local)
+                masks.append(torch.ones_like(ex, dtype=torch.bool) if cls == "all" else key_token_mask(ex, lo, tau))
+            counts = [int(m.sum()) for m in masks]
+            if sum(counts) == 0:
+                continue
+            for var in variants:
+                sums = [float((torch.tensor(r.fill[var]) - torch.tensor(r.exact))[m].sum()) for r, m in zip(recs, masks)]
+                est = bootstrap_ci(sums, counts, resamples=resamples, seed=seed)
+                nll = sum(float(torch.tensor(r.fill[var])[m].sum()) for r, m in zip(recs, masks)) / sum(counts)
+                ex = sum(float(torch.tensor(r.exact)[m].sum()) for r, m in zip(recs, masks)) / sum(counts)
+                rows.append({"set": gname, "tokens": cls, "variant": var, "delta_nll": est.as_dict(),
+                             "nll": nll, "exact_nll": ex})
+    return rows
+
+
+def key_token_stats(records: Sequence[DocScores], tau: float) -> dict:
+    """How many tokens are key tokens, per set and overall."""
+    out = {}
+    for name in sorted({r.set for r in records}) + ["all"]:
+        recs = [r for r in records if name == "all" or r.set == name]
+        n = sum(len(r.exact) for r in recs)
+        k = sum(int(key_token_mask(torch.tensor(r.exact), torch.tensor(r.local), tau).sum()) for r in recs)
+        out[name] = {"documents": len(recs), "tokens": n, "key_tokens": k,
+                     "key_fraction": k / n if n else math.nan}
+    return out

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# RidgeFill prefill benchmark on one CUDA GPU (see docs/bench.md).
+#
+#   scripts/gpu_bench.sh [OUT_DIR]        (default OUT_DIR: gpu-bench-out)
+#
+# 1. CUDA equality check: the fast fill path (batched maps + folded K/V + RoPE into the cache) equals
+#    the per-layer reference path, cache and logits, on the GPU: a tiny random Llama in float32 and
+#    bfloat16, and the Llama-3.1-8B shape in bfloat16 at 2048 tokens. Exits non-zero on a mismatch.
+# 2. `ridgefill bench` on the Llama-3.1-8B shape with random weights, bfloat16, S = 16, tail 2048,
+#    at 8K / 32K / 128K tokens (random weights time the same as the real model; maps are random).
+#
+# Needs: the project installed in the active Python (pip install -e .), a CUDA build of torch, and
+# one GPU with at least 80 GB (128K tokens: 16 GB of weights, 16 GB of KV cache, activations).
+# Expected run time on an H100/H200: about 3-5 minutes, most of it the 128K exact prefills.
+# Environment: PYTHON (default: python), LENGTHS (default: 8k,32k,128k), REPEATS (default: 3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-gpu-bench-out}"
+PY="${PYTHON:-python}"
+LENGTHS="${LENGTHS:-8k,32k,128k}"
+REPEATS="${REPEATS:-3}"
+mkdir -p "$OUT"
+
+"$PY" - <<'EOF' 2>&1 | tee "$OUT/cuda_check.txt"
+import sys
+
+import torch
+
+from ridgefill.bench import check_fast_path, random_model, timing_maps
+
+if not torch.cuda.is_available():
+    sys.exit("error: torch sees no CUDA device (torch %s)" % torch.__version__)
+print("device:", torch.cuda.get_device_name(0), "| torch", torch.__version__)
+failed = False
+for preset, dtype, n, split, tail in [("tiny-random", torch.float32, 512, 2, 64),
+                                      ("tiny-random", torch.bfloat16, 512, 2, 64),
+                                      ("llama3-8b-random", torch.bfloat16, 2048, 16, 256)]:
+    model = random_model(preset, "cuda", dtype)
+    res = check_fast_path(model, timing_maps(model, split), n=n, tail=tail)
+    print(f"{preset:>17} {str(dtype):>15} N={n}: max rel. diff K/V {res['max_rel_kv']:.2e}, logits "
+          f"{res['max_rel_logits']:.2e} (tolerance {res['tolerance']:.0e}) -> {'ok' if res['ok'] else 'MISMATCH'}")
+    failed |= not res["ok"]
+    del model
+    torch.cuda.empty_cache()
+sys.exit(1 if failed else 0)
+EOF
+
+"$PY" -m ridgefill.cli bench --device cuda --model llama3-8b-random --dtype bfloat16 \
+    --lengths "$LENGTHS" --split 16 --tail 2048 --repeats "$REPEATS" --warmup 1 \
+    --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+echo "wrote $OUT/cuda_check.txt, $OUT/bench.txt, $OUT/bench.json"

@@ -1,0 +1,96 @@
+"""``ridgefill eval ...`` and ``ridgefill report`` end to end on a tiny random model saved as a local
+Hugging Face directory (byte-level tokenizer), with maps fitted beforehand and reused from ``--out``."""
+
+import json
+
+import pytest
+import torch
+
+from ridgefill.calibrate import calibrate
+from ridgefill.cli import main
+from evaluate_helpers import byte_llama
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("evalcli")
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk)
+    model = byte_llama(seed=5)
+    model.config.max_position_embeddings = 4096
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    text = "It was a bright cold day in April, and the clocks were striking thirteen. " * 40
+    for split in (2, 3):
+        calibrate(model, tok, [text, text[::-1]], split=split, tokens=1024, chunk=128, lam="auto",
+                  progress=False).save(root / "out" / f"maps-S{split}.safetensors")
+    return root
+
+
+def _run(workdir, *args):
+    return main([*args, "--model", str(workdir / "model"), "--out", str(workdir / "out"), "--calib-tokens", "1024",
+                 "--chunk", "128", "--quiet"])
+
+
+LOSS = ["--docs", "2", "--novel-docs", "2", "--doc-tokens", "200", "--tail", "32", "--window", "8", "--tau", "0.5",
+        "--resamples", "200"]
+
+
+def test_eval_commands_and_report(workdir, capsys):
+    out = workdir / "out"
+    assert _run(workdir, "eval", "loss", "--splits", "2", *LOSS) == 0
+    loss = json.loads((out / "loss.json").read_text())
+    assert loss["kind"] == "loss" and loss["splits"] == [2] and loss["local_context"] == [9, 16]
+    assert {(r["set"], r["tokens"]) for r in loss["summary"]} >= {("plain", "all"), ("novel", "all"), ("all", "all")}
+    assert {r["variant"] for r in loss["summary"]} == {"2/ridge", "2/identity", "2/none"}
+    assert loss["maps"]["2"]["calibration_tokens"] == 1024  # reused, not refitted
+    assert len(loss["documents"]) == 4 and all(len(d["exact"]) == 32 for d in loss["documents"])
+    assert loss["document_sets"]["novel"]["renamed"]["Persuasion"] > 10
+
+    assert _run(workdir, "eval", "splice", "--splits", "2", "--components", "fill,kv,k_scale", "--key-scale-tokens",
+                "256", "--lam-factors", "10", *LOSS) == 0
+    splice = json.loads((out / "splice.json").read_text())
+    kv = [r for r in splice["summary"] if r["variant"] == "2/ridge+kv"]
+    assert kv and all(abs(r["delta_nll"]["mean"]) < 1e-5 for r in kv)
+    assert {"2/ridge+kscale", "2/ridge@lam×10"} <= {r["variant"] for r in splice["summary"]}
+    assert len(splice["key_scales"]["2"]) == 3 and splice["lam_factors"] == [10.0]
+
+    assert _run(workdir, "eval", "needle", "--lengths", "1500", "--trials", "2", "--variants", "single,multikey",
+                "--modes", "exact,ridge,none", "--splits", "2", "--needle-tail", "200") == 0
+    needle = json.loads((out / "needle.json").read_text())
+    assert len(needle["trials"]) == 4 and all(t["needle_in_filled_rows"] for t in needle["trials"])
+    assert {r["system"] for r in needle["scores"]} == {"exact", "2/ridge", "2/none"}
+
+    assert _run(workdir, "eval", "depth", "--depths", "1/3,1/2", "--needle-length", "1500", "--needle-trials", "1",
+                "--needle-tail", "200", *LOSS) == 0
+    depth = json.loads((out / "depth.json").read_text())
+    assert depth["splits"] == [2, 3] and depth["depths"] == ["1/3", "1/2"]
+    assert {r["variant"] for r in depth["loss"]["summary"]} == {f"{s}/{m}" for s in (2, 3) for m in ("ridge", "identity", "none")}
+    assert len(depth["needles"]["trials"]) == 1
+
+    files = [str(out / f) for f in ("depth.json", "loss.json", "splice.json", "needle.json")]
+    assert main(["report", *files, "--out", str(out / "report")]) == 0
+    md = (out / "report" / "report.md").read_text()
+    assert "### Depth table" in md and "### Splice tests" in md and "### Needle retrieval" in md
+    assert "| 1/3 | 2 |" in md and "exact K and V" in md and "fitted key-scale correction" in md
+    pngs = sorted(p.name for p in (out / "report").glob("*.png"))
+    assert len(pngs) == 3 and all((out / "report" / p).stat().st_size > 1000 for p in pngs)
+
+
+def test_eval_bad_input(workdir, capsys, tmp_path):
+    assert _run(workdir, "eval", "needle", "--variants", "triple") == 2
+    assert "unknown needle variant" in capsys.readouterr().err
+    assert _run(workdir, "eval", "loss", "--splits", "2", "--doc-tokens", "100", "--tail", "100") == 2
+    assert "--tail 100 must be shorter" in capsys.readouterr().err
+    assert _run(workdir, "eval", "loss", "--splits", "9", "--doc-tokens", "100", "--tail", "10") == 2
+    assert "out of range" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "missing.json")]) == 2
+    (tmp_path / "x.json").write_text(json.dumps({"kind": "other"}))
+    assert main(["report", str(tmp_path / "x.json")]) == 2
+    assert "not the output of `ridgefill eval`" in capsys.readouterr().err
