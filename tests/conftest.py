@@ -2,7 +2,9 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from ridgefill import RidgeMaps
 
 
 def tiny_llama(seed: int = 0, layers: int = 6, hidden: int = 64, vocab: int = 101) -> LlamaForCausalLM:
@@ -24,3 +26,26 @@ def tiny():
 def tiny_ids():
     g = torch.Generator().manual_seed(1)
     return torch.randint(0, 101, (2, 48), generator=g)
+
+
+@torch.no_grad()
+def reference(model, ids):
+    cache = DynamicCache(config=model.config)
+    out = model(ids, cache=cache, use_cache=True, output_hidden_states=True)
+    return out
+
+
+def oracle_maps(model, ids, split):
+    """Maps that reproduce the true late-layer inputs of *these* rows: with no more rows than
+    hidden + 1 the least-squares fit of ``x_l`` on ``[h_S, 1]`` interpolates them exactly. Used to
+    check the fill path, not the fit."""
+    out = reference(model, ids)
+    h = out.hidden_states[split + 1][0].double()
+    ha = torch.cat([h, torch.ones(h.shape[0], 1, dtype=h.dtype)], 1)
+    ws, bs = [], []
+    for layer in range(split + 1, model.config.num_hidden_layers):
+        x = out.hidden_states[layer][0].double()
+        sol = torch.linalg.lstsq(ha, x).solution
+        ws.append(sol[:-1])
+        bs.append(sol[-1])
+    return RidgeMaps(split, torch.stack(ws).float(), torch.stack(bs).float(), [0.0] * len(ws))

@@ -152,10 +152,11 @@ def test_bench_report(tmp_path):
         assert r["ideal"] == pytest.approx(ideal_ratio(LlamaConfig(**PRESETS["tiny-random"]), r["n"], 2, 16))
         assert len(r["ratios"]) == 2 and r["ratio"] > 0
         assert r["measured_over_ideal"] == pytest.approx(r["ratio"] / r["ideal"])
+        assert set(r["map_step"]) == {"batched_s", "per_layer_s"} and min(r["map_step"].values()) > 0
     assert report["fast_path_check"]["ok"]
     assert [c["tokens"] for c in report["calibration"]] == [64, 128]
     table = format_table(report)
-    assert "meas/ideal" in table and "calib tok/s" in table and "ok" in table
+    assert "meas/ideal" in table and "calib tok/s" in table and "ok" in table and "per layer" in table
 
 
 def test_bench_command_line(capsys):

@@ -4,7 +4,6 @@ Hugging Face directory (byte-level tokenizer), with maps fitted beforehand and r
 import json
 
 import pytest
-import torch
 
 from ridgefill.calibrate import calibrate
 from ridgefill.cli import main

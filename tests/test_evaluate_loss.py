@@ -80,6 +80,27 @@ def test_local_window_nll_matches_one_forward_per_token():
         local_window_nll(model, doc, torch.tensor([60]), 8)
 
 
+def test_local_window_nll_puts_the_special_prefix_before_each_window():
+    """With ``prefix_tokens=1`` a window that starts after row 0 sees the document's first token (the
+    BOS) and then its own local tokens; windows starting at row 0 already begin with it."""
+    model = tiny_llama(seed=5)
+    doc = torch.randint(1, 101, (41,), generator=torch.Generator().manual_seed(3))
+    doc[0] = 0  # the "BOS"
+    pos = torch.arange(4, 40)
+    window = 8
+    got = local_window_nll(model, doc, pos, window, batch=2, prefix_tokens=1)
+    plain = local_window_nll(model, doc, pos, window, batch=2)
+    for i, p in enumerate(pos.tolist()):
+        start = max(0, (p // window - 1) * window)
+        ctx = doc[start:p + 1] if start == 0 else torch.cat([doc[:1], doc[start:p + 1]])
+        with torch.no_grad():
+            want = token_nll(model(ctx[None]).logits[0, -1:], doc[p + 1:p + 2])[0]
+        assert got[i].item() == pytest.approx(want.item(), abs=1e-5)
+        if start == 0:
+            assert got[i].item() == pytest.approx(plain[i].item(), abs=1e-6)
+    assert not torch.allclose(got[pos >= 2 * window], plain[pos >= 2 * window])  # the prefix is really there
+
+
 def test_key_token_mask():
     full = torch.tensor([1.0, 2.0, 0.5, 3.0])
     local = torch.tensor([1.2, 3.5, 0.5, 2.0])

@@ -120,3 +120,25 @@ def test_runner_records_and_scores(sentences, monkeypatch):
     lo, hi = scores[("single", "2/none")]["ci"]
     assert lo == 0.0 and 40 < hi < 60  # Wilson interval for 0/3
     assert summarise_needles(res["trials"]) == res["scores"]
+
+
+def test_runner_splices_and_key_scales(sentences):
+    """Splicing the exact K and V into the ridge fill answers exactly like the exact prefill; a key
+    scale of 1 answers like the plain ridge fill."""
+    from conftest import oracle_maps
+
+    tok = ByteTokenizer()
+    model = byte_llama(seed=2)
+    model.config.max_position_embeddings = 2048
+    maps = oracle_maps(model, torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0)), 2)
+    res = run_needles(model, tok, sentences, lengths=[1000], trials=2, variants=["single"],
+                      modes=["exact", "ridge"], maps_by_split={2: maps}, splits=[2], tail=200, splices=["kv", "k"],
+                      key_scales={2: torch.ones(3, 2)}, max_new_tokens=6)
+    for t in res["trials"]:
+        out = {k: v["output"] for k, v in t["results"].items()}
+        assert set(out) == {"exact", "2/ridge", "2/ridge+kv", "2/ridge+k", "2/ridge+kscale"}
+        assert out["2/ridge"] != out["exact"]  # the fill alone answers differently: not vacuous
+        assert out["2/ridge+kv"] == out["exact"] and out["2/ridge+kscale"] == out["2/ridge"]
+    with pytest.raises(InputError, match="include mode 'exact'"):
+        run_needles(model, tok, sentences, lengths=[1000], trials=1, modes=["ridge"], maps_by_split={2: maps},
+                    splits=[2], tail=200, splices=["k"])

@@ -2,7 +2,6 @@
 exact prefill retrieves a filled-region needle, and splicing the exact K and V into an identity
 fill reproduces the exact NLL."""
 
-import pytest
 import torch
 
 from ridgefill.assets import EVALUATION_BOOKS, load_model, load_texts

@@ -7,7 +7,7 @@ from ridgefill import InputError, prefill
 from ridgefill.evaluate.loss import score_documents, summarise, tail_nll
 from ridgefill.evaluate.splice import COMPONENTS, exact_kv, splice_hook, splice_variants
 from conftest import tiny_llama
-from test_fill import oracle_maps
+from conftest import oracle_maps
 
 S = 2
 TAIL = 10

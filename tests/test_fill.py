@@ -2,39 +2,16 @@
 
 import pytest
 import torch
-from transformers import DynamicCache
 
-from ridgefill import InputError, RidgeMaps, generate_after, predict_inputs, prefill
+from ridgefill import InputError, generate_after, predict_inputs, prefill
 from ridgefill.adapters import adapter_for
-from conftest import tiny_llama
+from conftest import oracle_maps, reference, tiny_llama
 
 S = 2
 
 
 def cache_kv(cache, layer):
     return cache.layers[layer].keys, cache.layers[layer].values
-
-
-@torch.no_grad()
-def reference(model, ids):
-    cache = DynamicCache(config=model.config)
-    out = model(ids, cache=cache, use_cache=True, output_hidden_states=True)
-    return out
-
-
-def oracle_maps(model, ids, split):
-    """Maps that reproduce the true late-layer inputs of *these* rows: W = lstsq(h_S, x_l) exactly
-    when rows ≥ hidden (+1 for the bias). Used to check the fill path, not the fit."""
-    out = reference(model, ids)
-    h = out.hidden_states[split + 1][0].double()
-    ha = torch.cat([h, torch.ones(h.shape[0], 1, dtype=h.dtype)], 1)
-    ws, bs = [], []
-    for layer in range(split + 1, model.config.num_hidden_layers):
-        x = out.hidden_states[layer][0].double()
-        sol = torch.linalg.lstsq(ha, x).solution
-        ws.append(sol[:-1])
-        bs.append(sol[-1])
-    return RidgeMaps(split, torch.stack(ws).float(), torch.stack(bs).float(), [0.0] * len(ws))
 
 
 def test_exact_mode_equals_plain_forward(tiny, tiny_ids):

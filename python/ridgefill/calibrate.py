@@ -31,12 +31,27 @@ def text_hash(texts: Sequence[str]) -> str:
     return h.hexdigest()
 
 
+def special_prefix(tokenizer) -> list[int]:
+    """The special token ids the tokenizer puts before a text of its own accord: ``[<bos>]`` for
+    Gemma 3, none for SmolLM2. Every calibration chunk, evaluation document and needle prompt starts
+    with them, as the model's training documents did."""
+    probe = "The"
+    plain = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
+    full = list(tokenizer(probe, add_special_tokens=True)["input_ids"])
+    for i in range(len(full) - len(plain) + 1):
+        if full[i: i + len(plain)] == plain:
+            return full[:i]
+    return []
+
+
 def calibration_chunks(tokenizer, texts: Sequence[str] | Mapping[str, str], tokens: int | None,
                        chunk: int) -> list[Tensor]:
     """Cut the texts into ``[chunk]`` int64 token chunks, spread evenly over every text.
 
-    Each text is tokenized on its own and cut into whole chunks; chunks are then taken round-robin
-    across texts, evenly spaced within each, until ``tokens`` tokens (all whole chunks if ``None``).
+    Each text is tokenized on its own and cut into whole chunks, each starting with the tokenizer's
+    special prefix (:func:`special_prefix`: Gemma's ``<bos>``; none for SmolLM2); chunks are then
+    taken round-robin across texts, evenly spaced within each, until ``tokens`` tokens (all whole
+    chunks if ``None``).
 
     Raises:
         InputError: no text, a text too short for one chunk, ``chunk < 2``, or fewer tokens available
@@ -49,10 +64,14 @@ def calibration_chunks(tokenizer, texts: Sequence[str] | Mapping[str, str], toke
         raise InputError("the calibration text is empty: give at least one non-empty text")
     if chunk < 2:
         raise InputError(f"chunk={chunk} tokens is too short; use at least 2 (1024 is typical)")
+    bos = torch.tensor(special_prefix(tokenizer), dtype=torch.long)
+    body = chunk - bos.numel()  # text tokens per chunk, after the special prefix
+    if body < 1:
+        raise InputError(f"chunk={chunk} tokens leaves no room for text after the tokenizer's special prefix")
     per_text = []
     for t in texts:
         ids = torch.tensor(tokenizer(t, add_special_tokens=False)["input_ids"], dtype=torch.long)
-        per_text.append(list(ids[: ids.numel() // chunk * chunk].view(-1, chunk)))
+        per_text.append([torch.cat([bos, c]) for c in ids[: ids.numel() // body * body].view(-1, body)])
     available = sum(len(c) for c in per_text) * chunk
     if available == 0:
         raise InputError(f"the calibration text has fewer than chunk={chunk} tokens; add text or lower chunk")

@@ -18,7 +18,8 @@ from .errors import RidgeFillError
 EXTRA_SUBCOMMANDS: tuple[str, ...] = ("certify", "bench", "evaluate.cli")
 
 
-def _lam(value: str):
+def parse_lam(value: str) -> float | str:
+    """argparse type of ``--lam``: ``'auto'`` or a float (``fit_maps`` checks its sign)."""
     if value == "auto":
         return "auto"
     try:
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tail", type=int, default=d.tail, help=f"exact tail rows (default {d.tail})")
     p.add_argument("--calib-tokens", type=int, default=d.calib_tokens, help=f"calibration tokens (default {d.calib_tokens})")
     p.add_argument("--chunk", type=int, default=d.chunk, help=f"calibration chunk length (default {d.chunk})")
-    p.add_argument("--lam", type=_lam, default=d.lam, help="ridge λ: a number or 'auto' (default)")
+    p.add_argument("--lam", type=parse_lam, default=d.lam, help="ridge λ: a number or 'auto' (default)")
     p.add_argument("--docs", type=int, default=d.docs, help=f"evaluation documents (default {d.docs})")
     p.add_argument("--doc-tokens", type=int, default=d.doc_tokens, help=f"prompt length per document (default {d.doc_tokens})")
     p.add_argument("--gen-tokens", type=int, default=d.gen_tokens, help=f"greedy tokens compared (default {d.gen_tokens})")
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", type=int, default=d.split)
     p.add_argument("--tokens", type=int, default=d.calib_tokens, help="calibration tokens (0: all of the text)")
     p.add_argument("--chunk", type=int, default=d.chunk)
-    p.add_argument("--lam", type=_lam, default="auto")
+    p.add_argument("--lam", type=parse_lam, default="auto")
     p.add_argument("--text", action="append", default=None,
                    help="a UTF-8 text file to calibrate on (repeatable; default: the bundled calibration novels)")
     p.add_argument("--out", required=True, help="maps file to write (.safetensors); written atomically")
@@ -131,7 +132,7 @@ def _cmd_generate(a) -> None:
     prompt = _read_text(a.prompt_file)
     maps = load_maps(a.maps) if a.maps else None
     model, tok, _ = load_model(a.model)
-    ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
+    ids = torch.tensor([tok(prompt, add_special_tokens=True)["input_ids"]])
     res = prefill(model, ids, maps, tail=min(a.tail, ids.shape[1]), mode=a.mode, split=a.split)
     new = generate_after(model, ids, res, a.max_new_tokens)
     print(tok.decode(new[0], skip_special_tokens=True))

@@ -19,13 +19,14 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .calibrate import special_prefix
 from .errors import InputError, MapsFormatError, MapsMismatchError
 from .fileio import write_json
 from .fill import MODES, generate_after, prefill
@@ -54,10 +55,13 @@ class RunConfig:
 
 
 def evaluation_documents(tokenizer, texts: dict[str, str], docs: int, doc_tokens: int) -> list[torch.Tensor]:
-    """``docs`` documents of ``doc_tokens + 1`` consecutive tokens, evenly spaced over the given texts
-    (round-robin across texts). Raises :class:`InputError` if the texts are too short."""
+    """``docs`` documents of ``doc_tokens + 1`` tokens: the tokenizer's special prefix
+    (:func:`ridgefill.calibrate.special_prefix`, Gemma's ``<bos>``; none for SmolLM2), then consecutive
+    text tokens, evenly spaced over the given texts (round-robin across texts). Raises
+    :class:`InputError` if the texts are too short."""
+    bos = torch.tensor(special_prefix(tokenizer), dtype=torch.long)
     streams = [torch.tensor(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts.values()]
-    need = doc_tokens + 1
+    need = doc_tokens + 1 - bos.numel()
     per = [0] * len(streams)
     for i in range(docs):
         per[i % len(streams)] += 1
@@ -68,7 +72,7 @@ def evaluation_documents(tokenizer, texts: dict[str, str], docs: int, doc_tokens
             raise InputError(f"the evaluation text has room for {room} documents of {need} tokens in one book "
                              f"but {k} were asked; lower --docs or --doc-tokens")
         starts = torch.linspace(0, ids.numel() - need, k).long().tolist() if k else []
-        out.append([ids[s: s + need] for s in starts])
+        out.append([torch.cat([bos, ids[s: s + need]]) for s in starts])
     return [d for j in range(max(per)) for lst in out if j < len(lst) for d in [lst[j]]]
 
 

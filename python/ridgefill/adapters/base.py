@@ -113,6 +113,17 @@ def apply_rope(x: Tensor, rope: Rope) -> Tensor:
     return x * cos + rotate_half(x) * sin
 
 
+def write_rows(keys: Tensor, values: Tensor, positions: Tensor, k: Tensor, v: Tensor) -> None:
+    """Write ``k``/``v`` ``[batch, kv_heads, rows, head_dim]`` into ``keys``/``values`` ``[batch,
+    kv_heads, P, head_dim]`` at ``positions`` ``[rows]`` (a plain copy when the rows are all ``P``)."""
+    if positions.numel() == keys.shape[2]:
+        keys.copy_(k)
+        values.copy_(v)
+    else:
+        keys[:, :, positions] = k
+        values[:, :, positions] = v
+
+
 class DecoderAdapter:
     """Per-layer access to a decoder-only LM for the fill prefill (see module docstring)."""
 

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import UnsupportedModelError
-from .base import Rope, RopeByType, apply_rope
+from .base import Rope, RopeByType, apply_rope, write_rows
 from .llama import LlamaAdapter
 
 SLIDING = "sliding_attention"
@@ -166,12 +166,7 @@ class Gemma3Adapter(LlamaAdapter):
         q, k, v = self.project_qkv(layer, block.input_layernorm(x))
         r = self._rope_of(layer, rope)
         q, k = apply_rope(q, r), apply_rope(k, r)
-        if positions.numel() == keys.shape[2]:
-            keys.copy_(k)
-            values.copy_(v)
-        else:
-            keys[:, :, positions] = k
-            values[:, :, positions] = v
+        write_rows(keys, values, positions, k, v)
         out = self._attend(layer, q, positions, keys, values, visible)
         b, _, rows, _ = out.shape
         attn = block.self_attn.o_proj(out.transpose(1, 2).reshape(b, rows, -1))

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import DecoderAdapter, Rope, apply_rope
+from .base import DecoderAdapter, Rope, apply_rope, write_rows
 
 
 class LlamaAdapter(DecoderAdapter):
@@ -70,7 +70,7 @@ class LlamaAdapter(DecoderAdapter):
     # --- the fast map-plus-K/V step for filled rows (all late layers at once) ----------------
     #: Upper bound, in bytes, of the predicted inputs ``x̂`` held at once by :meth:`fill_kv`
     #: (``[layers, rows, hidden]``); longer prompts are processed in blocks of rows.
-    fill_chunk_bytes: int = 512 * 2 ** 20
+    fill_chunk_bytes: int = 256 * 2 ** 20
 
     def supports_fill_kv(self) -> bool:
         """Whether :meth:`fill_kv` computes exactly what :meth:`kv` computes for this model: a plain
@@ -201,12 +201,7 @@ class LlamaAdapter(DecoderAdapter):
         block = self.body.layers[layer]
         q, k, v = self.project_qkv(layer, block.input_layernorm(x))
         q, k = apply_rope(q, rope), apply_rope(k, rope)
-        if positions.numel() == keys.shape[2]:
-            keys.copy_(k)
-            values.copy_(v)
-        else:
-            keys[:, :, positions] = k
-            values[:, :, positions] = v
+        write_rows(keys, values, positions, k, v)
         mask = self.visible_keys(layer, positions, keys.shape[2], visible)
         out = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scaling,

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..calibrate import special_prefix
+from ..cli import parse_lam
 from ..errors import InputError
 
 
@@ -43,15 +45,6 @@ def _words(text: str) -> list[str]:
     return out
 
 
-def _lam(value: str):
-    if value == "auto":
-        return "auto"
-    try:
-        return float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"λ must be a number or 'auto', got {value!r}") from None
-
-
 def _lam_factors(text: str) -> list[float]:
     try:
         out = [float(w) for w in _words(text)]
@@ -70,7 +63,7 @@ def _common(p: argparse.ArgumentParser, json_default: str) -> None:
     p.add_argument("--json", default=None, help=f"JSON file to write (default <out>/{json_default})")
     p.add_argument("--calib-tokens", type=int, default=65536, help="calibration tokens for maps fitted here (default 65536)")
     p.add_argument("--chunk", type=int, default=1024, help="calibration chunk length (default 1024)")
-    p.add_argument("--lam", type=_lam, default="auto", help="ridge λ for maps fitted here: a number or 'auto' (default)")
+    p.add_argument("--lam", type=parse_lam, default="auto", help="ridge λ for maps fitted here: a number or 'auto' (default)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -105,6 +98,10 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--variants", type=_words, default=["single", "multikey"], help="single,multikey (default both)")
     p.add_argument("--modes", type=_words, default=["exact", "ridge", "identity", "none"])
     p.add_argument("--splits", type=_ints, default=None, help="fill splits (default L/2)")
+    p.add_argument("--splices", type=_words, default=[], help="also answer with the ridge fill with these "
+                   "splice components, e.g. k,v,k_scale (needs mode exact; default none)")
+    p.add_argument("--key-scale-tokens", type=int, default=0, help="also answer with ridge plus a key-scale "
+                   "correction fitted on this many calibration tokens (default 0: off)")
     p.set_defaults(func=_cmd_needle)
 
     p = sub.add_parser("loss", help="ΔNLL vs exact on all, key and novel-text tokens, with bootstrap CIs")
@@ -244,6 +241,22 @@ def _loss_header(a, model) -> dict:
             "local_context": [a.window + 1, 2 * a.window], "resamples": a.resamples}
 
 
+def _key_scales(a, model, tok, maps, splits) -> dict:
+    """Key-scale corrections fitted on ``--key-scale-tokens`` tokens of the calibration books (chunks
+    spread evenly over them, as for the maps)."""
+    from ..assets import CALIBRATION_BOOKS, load_texts
+    from ..calibrate import calibration_chunks
+    from .splice import fit_key_scales
+
+    texts = load_texts()
+    chunks = calibration_chunks(tok, {k: texts[k] for k in CALIBRATION_BOOKS}, a.key_scale_tokens, a.chunk)
+    out = {}
+    for s in splits:
+        _say(a, f"fitting key scales at S={s} on {len(chunks)} chunks of {a.chunk} tokens")
+        out[s] = fit_key_scales(model, maps[s], chunks)
+    return out
+
+
 def _cmd_needle(a) -> None:
     from ..assets import EVALUATION_BOOKS, load_texts
     from .needles import VARIANTS, haystack_sentences, run_needles
@@ -254,12 +267,16 @@ def _cmd_needle(a) -> None:
             raise InputError(f"unknown needle variant {v!r}; use {','.join(VARIANTS)}")
     model, tok, name = _setup(a)
     splits = _splits(a, model)
-    maps = _maps(a, model, tok, name, splits, "ridge" in a.modes)
+    maps = _maps(a, model, tok, name, splits, "ridge" in a.modes or a.splices or a.key_scale_tokens)
+    scales = _key_scales(a, model, tok, maps, splits) if a.key_scale_tokens else {}
     sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
     res = run_needles(model, tok, sentences, lengths=a.lengths, trials=a.trials, variants=a.variants,
                       modes=a.modes, maps_by_split=maps, splits=splits, tail=a.needle_tail, seed=a.seed,
-                      chat=a.chat, max_new_tokens=a.max_new_tokens, progress=lambda m: _say(a, m))
+                      chat=a.chat, max_new_tokens=a.max_new_tokens, splices=a.splices, key_scales=scales,
+                      progress=lambda m: _say(a, m))
     report = _header(a, name, model, "needle")
+    report.update({"splices": a.splices, "key_scale_tokens": a.key_scale_tokens,
+                   "key_scales": {str(s): v.tolist() for s, v in scales.items()}})
     report.update({"lengths": a.lengths, "trials_per_cell": a.trials, "variants": a.variants, "modes": a.modes,
                    "splits": splits, "tail": a.needle_tail, "chat": a.chat, "maps": _maps_meta(maps), **res})
     _finish(a, report, t0, "needle.json")
@@ -278,7 +295,8 @@ def _cmd_loss(a) -> None:
     docs, sets, info = _documents(a, tok)
     maps = _maps(a, model, tok, name, splits, "ridge" in a.modes)
     recs = score_documents(model, docs, sets, tail=a.tail, window=a.window,
-                           variants=fill_variants(model, maps, a.modes, tail=a.tail), progress=lambda m: _say(a, m))
+                           variants=fill_variants(model, maps, a.modes, tail=a.tail),
+                           prefix_tokens=len(special_prefix(tok)), progress=lambda m: _say(a, m))
     report.update({"splits": splits, "modes": a.modes, "document_sets": info, "maps": _maps_meta(maps),
                    "key_tokens": key_token_stats(recs, a.tau),
                    "summary": summarise(recs, tau=a.tau, resamples=a.resamples, seed=a.seed),
@@ -290,7 +308,7 @@ def _cmd_splice(a) -> None:
     from dataclasses import asdict
 
     from .loss import key_token_stats, score_documents, summarise
-    from .splice import COMPONENTS, fit_key_scales, fix_variants, splice_variants
+    from .splice import COMPONENTS, fix_variants, splice_variants
 
     t0 = time.perf_counter()
     comps = a.components or list(COMPONENTS)
@@ -305,20 +323,10 @@ def _cmd_splice(a) -> None:
     fixes = bool(a.key_scale_tokens or a.lam_factors)
     maps = _maps(a, model, tok, name, splits, a.mode == "ridge" or fixes)
     variants = splice_variants(model, maps, tail=a.tail, mode=a.mode, components=comps)
-    scales = {}
-    if a.key_scale_tokens:
-        from ..assets import CALIBRATION_BOOKS, load_texts
-        from ..calibrate import calibration_chunks
-
-        texts = load_texts()
-        # the last chunks of the calibration books' spread: evenly spaced, like the maps' own calibration
-        chunks = calibration_chunks(tok, {k: texts[k] for k in CALIBRATION_BOOKS}, a.key_scale_tokens, a.chunk)
-        for s in splits:
-            _say(a, f"fitting key scales at S={s} on {len(chunks)} chunks")
-            scales[s] = fit_key_scales(model, maps[s], chunks)
+    scales = _key_scales(a, model, tok, maps, splits) if a.key_scale_tokens else {}
     variants.update(fix_variants(model, maps, tail=a.tail, key_scales=scales, lam_factors=a.lam_factors))
     recs = score_documents(model, docs, sets, tail=a.tail, window=a.window, variants=variants,
-                           progress=lambda m: _say(a, m))
+                           prefix_tokens=len(special_prefix(tok)), progress=lambda m: _say(a, m))
     report.update({"key_scales": {str(s): v.tolist() for s, v in scales.items()},
                    "key_scale_tokens": a.key_scale_tokens, "lam_factors": a.lam_factors})
     report.update({"splits": splits, "mode": a.mode, "components": comps, "document_sets": info,

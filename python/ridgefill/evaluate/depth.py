@@ -108,12 +108,14 @@ def run_depth(model: torch.nn.Module, tokenizer, maps_by_split: dict[int, RidgeM
     """
     from dataclasses import asdict
 
+    from ..calibrate import special_prefix
     from .loss import fill_variants, key_token_stats, score_documents, summarise
     from .needles import run_needles
 
     splits = sorted(maps_by_split)
     records = score_documents(model, docs, sets, tail=tail, window=window,
-                              variants=fill_variants(model, maps_by_split, modes, tail=tail), progress=progress)
+                              variants=fill_variants(model, maps_by_split, modes, tail=tail),
+                              prefix_tokens=len(special_prefix(tokenizer)), progress=progress)
     loss = {"summary": summarise(records, tau=tau, resamples=resamples, seed=seed),
             "key_tokens": key_token_stats(records, tau), "documents": [asdict(r) for r in records]}
     needles = None

@@ -145,14 +145,16 @@ def token_nll(logits: Tensor, targets: Tensor) -> Tensor:
 
 @torch.inference_mode()
 def local_window_nll(model: torch.nn.Module, doc: Tensor, positions: Tensor, window: int, *,
-                     batch: int = 8) -> Tensor:
+                     batch: int = 8, prefix_tokens: int = 0) -> Tensor:
     """NLL of token ``p + 1`` at each row ``p`` in ``positions``, seeing only a short local window.
 
     Strided windows (the standard trick, instead of one forward per token): rows are grouped in
     blocks ``[jW, (j+1)W)``; block ``j`` is scored by one exact forward over tokens
     ``[(j-1)W, (j+1)W)`` (positions restarting at 0), so row ``p`` sees the ``p − (j−1)W + 1``
     tokens ending at itself: between ``W + 1`` and ``2W`` tokens (fewer only in block 0, where
-    the whole prefix is shorter than that). Windows of equal length run as one batch.
+    the whole prefix is shorter than that). Windows of equal length run as one batch. A window
+    that does not start at row 0 gets the document's first ``prefix_tokens`` tokens (the tokenizer's
+    special prefix, Gemma's ``<bos>``) in front, so every forward starts as the model expects.
 
     Args:
         doc: ``[N + 1]`` int64 token ids (the prompt plus the token the last row predicts).
@@ -174,15 +176,16 @@ def local_window_nll(model: torch.nn.Module, doc: Tensor, positions: Tensor, win
     device = next(model.parameters()).device
     out = torch.empty(positions.numel(), dtype=torch.float64)
     blocks = torch.div(positions, window, rounding_mode="floor")
-    jobs: dict[int, list[tuple[int, int]]] = {}  # window length -> [(block, start)]
+    jobs: dict[tuple[int, bool], list[tuple[int, int]]] = {}  # (length, prefixed) -> [(block, start)]
     for j in blocks.unique().tolist():
         start = max(0, (j - 1) * window)
         end = min(n, (j + 1) * window)
-        jobs.setdefault(end - start, []).append((j, start))
-    for length, items in jobs.items():
+        jobs.setdefault((end - start, start > 0), []).append((j, start))
+    for (length, prefixed), items in jobs.items():
         for b in range(0, len(items), batch):
             part = items[b: b + batch]
-            ids = torch.stack([doc[s: s + length] for _, s in part]).to(device)
+            pre = doc[:prefix_tokens] if prefixed else doc[:0]
+            ids = torch.stack([torch.cat([pre, doc[s: s + length]]) for _, s in part]).to(device)
             skip = min(max(j * window, int(positions.min())) - s for j, s in part)  # rows nobody scores
             logits = model(input_ids=ids, use_cache=False, logits_to_keep=length - skip).logits
             for row, (j, s) in enumerate(part):
@@ -315,7 +318,7 @@ def tail_nll(model: torch.nn.Module, doc: Tensor, *, tail: int, mode: str, maps=
 
 
 def score_documents(model: torch.nn.Module, docs: Sequence[Tensor], sets: Sequence[str], *, tail: int,
-                    window: int, variants: Mapping[str, Callable[[Tensor], Tensor]],
+                    window: int, variants: Mapping[str, Callable[[Tensor], Tensor]], prefix_tokens: int = 0,
                     progress: Callable[[str], None] | None = None) -> list[DocScores]:
     """Exact, local-window and fill NLLs for every document.
 
@@ -324,6 +327,7 @@ def score_documents(model: torch.nn.Module, docs: Sequence[Tensor], sets: Sequen
         variants: ``{name: fn(doc, exact) -> nll [T]}``, each scoring the same exact tail (see
             :func:`fill_variants`, :func:`ridgefill.evaluate.splice.splice_variants`); called once per
             document with the document's exact :class:`ridgefill.fill.PrefillResult`.
+        prefix_tokens: special tokens every document starts with (passed to :func:`local_window_nll`).
         progress: called with a short status line after each document.
     """
     if len(docs) != len(sets):
@@ -332,7 +336,7 @@ def score_documents(model: torch.nn.Module, docs: Sequence[Tensor], sets: Sequen
     for i, (doc, name) in enumerate(zip(docs, sets)):
         t0 = time.perf_counter()
         exact, pos, exact_res = tail_nll(model, doc, tail=tail, mode="exact")
-        local = local_window_nll(model, doc, pos, window)
+        local = local_window_nll(model, doc, pos, window, prefix_tokens=prefix_tokens)
         rec = DocScores(name, pos.tolist(), exact.tolist(), local.tolist())
         for key, fn in variants.items():
             rec.fill[key] = fn(doc, exact_res).tolist()

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
+from ..calibrate import special_prefix
 from ..errors import InputError
 from ..fill import generate_after, prefill
 from .loss import wilson_interval
@@ -152,7 +153,7 @@ def make_case(tokenizer, sentences: Sequence[str], *, length: int, tail: int, va
         prefix = _ids(tokenizer, before + HEADER)
         question = _ids(tokenizer, "\n\n" + CHAT_QUESTION.format(key=keys[asked]) + after)
     else:
-        prefix = _ids(tokenizer, HEADER)
+        prefix = special_prefix(tokenizer) + _ids(tokenizer, HEADER)  # the chat template has its own
         question = _ids(tokenizer, "\n\n" + QUESTION.format(key=keys[asked]))
     needles = [_ids(tokenizer, " " + NEEDLE.format(key=k, value=v)) for k, v in zip(keys, values)]
     if tail < len(question):
@@ -221,12 +222,18 @@ def score_answer(answer: str, value: str) -> float:
 
 @torch.inference_mode()
 def answer_case(model: torch.nn.Module, tokenizer, case: NeedleCase, *, mode: str, maps=None,
-                split: int | None = None, max_new_tokens: int = 12) -> str:
-    """Prefill ``case`` with ``mode`` (``tail`` exact rows), answer greedily, return the decoded answer."""
+                split: int | None = None, max_new_tokens: int = 12, kv_hook=None,
+                on_prefill: Callable | None = None) -> str:
+    """Prefill ``case`` with ``mode`` (``tail`` exact rows), answer greedily, return the decoded answer.
+
+    ``kv_hook`` is passed to :func:`ridgefill.fill.prefill` (splices, key-scale correction);
+    ``on_prefill(result)`` is called with the :class:`ridgefill.fill.PrefillResult` before decoding."""
     device = next(model.parameters()).device
     ids = case.input_ids[None].to(device)
     res = prefill(model, ids, maps if mode == "ridge" else None, tail=case.tail, mode=mode,
-                  split=None if mode == "exact" else split)
+                  split=None if mode == "exact" else split, kv_hook=kv_hook)
+    if on_prefill is not None:
+        on_prefill(res)
     new = generate_after(model, ids, res, max_new_tokens)
     return tokenizer.decode(new[0], skip_special_tokens=True)
 
@@ -234,9 +241,15 @@ def answer_case(model: torch.nn.Module, tokenizer, case: NeedleCase, *, mode: st
 def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, lengths: Sequence[int],
                 trials: int, variants: Sequence[str] = VARIANTS, modes: Sequence[str] = ("exact", "ridge", "identity", "none"),
                 maps_by_split: Mapping[int, object] | None = None, splits: Sequence[int] = (), tail: int = 64,
-                seed: int = 0, chat: bool = False, max_new_tokens: int = 12,
+                seed: int = 0, chat: bool = False, max_new_tokens: int = 12, splices: Sequence[str] = (),
+                key_scales: Mapping[int, torch.Tensor] | None = None,
                 progress: Callable[[str], None] | None = None) -> dict:
     """Needle retrieval for every variant × length × trial and every mode (fill modes at every split).
+
+    ``splices``: also answer with the ridge fill at every split with these splice components
+    (:mod:`ridgefill.evaluate.splice`; systems ``"<S>/ridge+<component>"``, exact K/V from the same
+    case's exact prefill, so ``"exact"`` must be among the modes). ``key_scales``: ``{S: [late, kv_heads]}``
+    fitted key scales (:func:`ridgefill.evaluate.splice.fit_key_scales`): system ``"<S>/ridge+kscale"``.
 
     Returns:
         ``{"trials": [per-trial records], "scores": [summary rows]}``; a summary row is
@@ -265,6 +278,22 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
             if mode == "ridge" and maps_by_split.get(s) is None:
                 raise InputError(f"mode 'ridge' at split {s} needs maps")
             systems.append((f"{s}/{mode}", mode, s))
+    from .splice import COMPONENTS, exact_kv, key_scale_hook, splice_hook
+
+    if splices and "exact" not in modes:
+        raise InputError("needle splices take the exact K/V from the exact prefill: include mode 'exact'")
+    for comp in splices:
+        if comp not in COMPONENTS:
+            raise InputError(f"splice component must be one of {COMPONENTS}; got {comp!r}")
+    extra = []
+    for s in splits:
+        if (splices or (key_scales and s in key_scales)) and maps_by_split.get(s) is None:
+            raise InputError(f"ridge splices and key scales at split {s} need maps")
+        extra += [(f"{s}/ridge+{c}", "ridge", s) for c in splices if c != "fill"]
+        if key_scales and s in key_scales:
+            extra.append((f"{s}/ridge+kscale", "ridge", s))
+    systems += extra
+    L = model.config.num_hidden_layers
     records = []
     for variant in variants:
         for n in lengths:
@@ -277,9 +306,18 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
                        "tail": case.tail, "filled_rows": case.filled_rows, "depth": case.depth,
                        "depths": case.depths, "spans": case.spans, "needle_in_filled_rows": case.needle_in_filled_rows(),
                        "keys": case.keys, "asked": case.asked, "answer": case.answer, "results": {}}
+                kept = {}
                 for name, mode, s in systems:
+                    hook = None
+                    if "+" in name:
+                        comp = name.split("+", 1)[1]
+                        hook = (key_scale_hook(key_scales[s], s) if comp == "kscale"
+                                else splice_hook({l: kept[l] for l in range(s + 1, L)}, comp))
+                    # the exact K/V, taken before decoding (which crops and extends the cache)
+                    keep = ((lambda r: kept.update(exact_kv(r.cache, range(min(splits) + 1, L))))
+                            if name == "exact" and splices else None)
                     ans = answer_case(model, tokenizer, case, mode=mode, maps=maps_by_split.get(s), split=s,
-                                      max_new_tokens=max_new_tokens)
+                                      max_new_tokens=max_new_tokens, kv_hook=hook, on_prefill=keep)
                     rec["results"][name] = {"output": ans, "score": score_answer(ans, case.answer)}
                 records.append(rec)
                 if progress:
