@@ -80,6 +80,14 @@ def test_eval_commands_and_report(workdir, capsys):
     assert "| 1/3 | 2 |" in md and "exact K and V" in md and "fitted key-scale correction" in md
     pngs = sorted(p.name for p in (out / "report").glob("*.png"))
     assert len(pngs) == 3 and all((out / "report" / p).stat().st_size > 1000 for p in pngs)
+    # an xz-compressed input gives the same report
+    import lzma
+
+    (out / "depth.json.xz").write_bytes(lzma.compress((out / "depth.json").read_bytes()))
+    assert main(["report", str(out / "depth.json.xz"), "--out", str(out / "report-xz")]) == 0
+    assert main(["report", str(out / "depth.json"), "--out", str(out / "report-plain")]) == 0
+    assert ((out / "report-xz" / "report.md").read_text().replace("depth.json.xz", "depth.json")
+            == (out / "report-plain" / "report.md").read_text())
 
 
 def test_eval_bad_input(workdir, capsys, tmp_path):

@@ -408,3 +408,13 @@ def test_fetch_gemma3_rejects_corrupted_pieces(tmp_path, monkeypatch):
 def test_load_model_names_gemma3_spec():
     with pytest.raises(AssetError, match="'gemma3-270m'"):
         load_model("gemma-3")
+
+
+def test_needles_with_no_fill_need_a_tail_of_one_window(gemma):
+    """A no-fill needle run on a sliding-window model with tail < window is refused before any work."""
+    from evaluate_helpers import ByteTokenizer
+    from ridgefill.evaluate.needles import run_needles
+
+    with pytest.raises(InputError, match="--needle-tail 8 or more"):
+        run_needles(gemma, ByteTokenizer(), ["A sentence."] * 50, lengths=[200], trials=1, variants=["single"],
+                    modes=["exact", "none"], splits=[S], tail=4)

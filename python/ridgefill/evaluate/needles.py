@@ -294,6 +294,12 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
             extra.append((f"{s}/ridge+kscale", "ridge", s))
     systems += extra
     L = model.config.num_hidden_layers
+    window = getattr(model.config, "sliding_window", None)
+    late_types = (getattr(model.config, "layer_types", None) or [])[min(splits, default=L) + 1:]
+    if "none" in modes and window and "sliding_attention" in late_types and tail < window:
+        raise InputError(f"mode 'none' cannot decode when the exact tail ({tail} rows) is shorter than the "
+                         f"sliding window ({window}): late sliding layers would hold too few rows. Use "
+                         f"--needle-tail {window} or more, or leave out mode 'none'")
     records = []
     for variant in variants:
         for n in lengths:

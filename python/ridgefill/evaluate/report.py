@@ -9,6 +9,8 @@ every file is written atomically.
 from __future__ import annotations
 
 import json
+import lzma
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -21,15 +23,17 @@ SPLICE_NAMES = {"fill": "fill (no splice)", "k": "exact K", "v": "exact V", "kv"
 
 
 def load_reports(paths: Sequence[str | Path]) -> list[dict]:
-    """Read eval JSON files. Raises :class:`InputError` for a missing, unreadable or foreign file."""
+    """Read eval JSON files (plain, or xz-compressed with a ``.xz`` suffix). Raises :class:`InputError`
+    for a missing, unreadable or foreign file."""
     out = []
     for p in paths:
         p = Path(p)
         if not p.is_file():
             raise InputError(f"report input {p} does not exist")
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
+            raw = lzma.decompress(p.read_bytes()) if p.suffix == ".xz" else p.read_bytes()
+            data = json.loads(raw.decode("utf-8"))
+        except (OSError, ValueError, lzma.LZMAError) as e:
             raise InputError(f"report input {p} is not readable JSON ({e})") from None
         if not isinstance(data, dict) or data.get("kind") not in ("needle", "loss", "splice", "depth"):
             raise InputError(f"report input {p} is not the output of `ridgefill eval` (no kind needle/loss/splice/depth)")
@@ -297,8 +301,8 @@ def _splice_section(rep: dict, out: Path, stem: str) -> str:
 
 def merge_needle_reports(reps: list[dict]) -> list[dict]:
     """Needle reports of the same model (e.g. short lengths with more trials, long ones with fewer)
-    become one section: their trials are pooled and re-summarised per variant × length × system.
-    Other reports pass through in order."""
+    become one section when their lengths do not overlap: their trials are pooled and re-summarised
+    per variant × length × system. Other reports pass through in order."""
     from .needles import summarise_needles
 
     out, first = [], {}
@@ -307,6 +311,9 @@ def merge_needle_reports(reps: list[dict]) -> list[dict]:
             out.append(rep)
             continue
         key = (rep["model"], bool(rep.get("chat")), rep.get("tail"))
+        if key in first and set(rep.get("lengths", [])) & {t["length"] for t in first[key]["trials"]}:
+            out.append(rep)  # the same lengths again (same seeded prompts): a section of its own
+            continue
         if key not in first:
             first[key] = dict(rep, trials=list(rep["trials"]), _merged=[rep])
             out.append(first[key])
@@ -340,7 +347,8 @@ def write_report(inputs: Sequence[str | Path], out: str | Path) -> Path:
              "bootstrap interval over documents. Needle scores: percent, 95 % Wilson interval.", ""]
     reps = merge_needle_reports(reps)
     for i, rep in enumerate(reps):
-        stem = f"{i:02d}-{rep['kind']}-{Path(rep['_path']).stem}"
+        name = rep["_path"].split(" + ")[0].removesuffix(".xz").removesuffix(".json")
+        stem = f"{i:02d}-{rep['kind']}-{re.sub(r'[^A-Za-z0-9_.-]+', '-', name)}"
         if rep["kind"] == "needle":
             parts.append(_needle_section(rep, out, stem))
         elif rep["kind"] == "loss":
