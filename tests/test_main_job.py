@@ -54,3 +54,46 @@ def test_cli_errors_exit_2_with_a_clear_message(tmp_path, capsys):
     prompt.write_text("It is a truth universally acknowledged.")
     assert main(["generate", "--maps", str(bad), "--prompt-file", str(prompt)]) == 2
     assert "truncated or corrupted" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--tail", "0"], "--tail 0 must be at least 1"),
+    (["--repeats", "0"], "--repeats 0 must be at least 1"),
+    (["--docs", "0"], "--docs 0 must be at least 1"),
+    (["--gen-tokens", "0"], "--gen-tokens 0 must be at least 1"),
+    (["--threads", "-1"], "--threads -1 must be at least 1"),
+    (["--lam", "-1"], "--lam -1.0 must be 'auto'"),
+])
+def test_run_rejects_bad_sizes_before_loading_anything(tmp_path, capsys, args, message):
+    assert main(["run", "--out", str(tmp_path / "out"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing calibrated, nothing written
+
+
+def test_a_named_maps_file_that_does_not_fit_is_never_replaced(report, tmp_path, capsys):
+    import hashlib
+    import shutil
+
+    _, out = report
+    named = tmp_path / "mine.safetensors"
+    shutil.copy(out / "maps-S15.safetensors", named)
+    shutil.copy(out / "maps-S15.stats.safetensors", tmp_path / "mine.stats.safetensors")
+    before = hashlib.sha256(named.read_bytes()).hexdigest()
+    # fitted at S=15 on 8192 tokens: a run at another split, or asking for more tokens, does not fit
+    for extra in (["--split", "10"], ["--calib-tokens", "65536"]):
+        assert main(["run", "--maps", str(named), "--out", str(tmp_path / "o"), "--docs", "1",
+                     "--doc-tokens", "512", "--tail", "64", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "does not fit this run" in err and "pass a new --maps path" in err
+        assert hashlib.sha256(named.read_bytes()).hexdigest() == before
+    # too many documents for the text: rejected before any calibration, the file untouched
+    assert main(["run", "--maps", str(tmp_path / "new.safetensors"), "--out", str(tmp_path / "o"),
+                 "--docs", "1000", "--doc-tokens", "2048"]) == 2
+    assert "lower --docs" in capsys.readouterr().err and not (tmp_path / "new.safetensors").exists()
+
+
+def test_generate_rejects_an_empty_prompt(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    assert main(["generate", "--prompt-file", str(empty), "--mode", "identity", "--split", "3"]) == 2
+    assert "is empty" in capsys.readouterr().err

@@ -181,3 +181,17 @@ def test_special_prefix_starts_every_chunk_and_document():
     assert [tuple(d.shape) for d in docs] == [(101,), (101,)]
     assert all(int(d[0]) == 0 for d in docs) and torch.equal(docs[0][1:], ids[:100])
     assert torch.equal(evaluation_documents(CharTokenizer(), {"t": text}, 2, 100)[0], ids[:101])
+
+
+def test_atomic_write_gives_usual_permissions_and_keeps_the_old_file_on_failure(tmp_path):
+    import os
+
+    from ridgefill.fileio import atomic_write, write_json
+
+    path = write_json(tmp_path / "r.json", {"a": 1})
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (path.stat().st_mode & 0o777) == 0o666 & ~umask
+    with pytest.raises(RuntimeError):
+        atomic_write(path, lambda tmp: (open(tmp, "w").write("half"), (_ for _ in ()).throw(RuntimeError("x"))))
+    assert path.read_text() == '{\n  "a": 1\n}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]

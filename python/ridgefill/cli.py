@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-tokens", type=int, default=d.gen_tokens, help=f"greedy tokens compared (default {d.gen_tokens})")
     p.add_argument("--repeats", type=int, default=d.repeats, help=f"timed prefill repeats per mode (default {d.repeats})")
     p.add_argument("--out", default=d.out, help=f"output folder for maps and report.json (default {d.out})")
-    p.add_argument("--maps", default=None, help="maps file to reuse or create (default <out>/maps-S<split>.safetensors)")
+    p.add_argument("--maps", default=None, help="maps file to reuse, or to create if it does not exist (a file that does not fit the run is an error, never replaced; default <out>/maps-S<split>.safetensors, which is refitted when it does not fit)")
 
     p = sub.add_parser("calibrate", help="fit maps on calibration text and save them")
     _model_args(p)
@@ -126,12 +126,15 @@ def _cmd_generate(a) -> None:
     import torch
 
     from .assets import load_model
+    from .errors import InputError
     from .fill import generate_after, prefill
     from .maps import load_maps
 
     prompt = _read_text(a.prompt_file)
     maps = load_maps(a.maps) if a.maps else None
     model, tok, _ = load_model(a.model)
+    if not prompt.strip():
+        raise InputError(f"the prompt file {a.prompt_file!r} is empty: put the prompt text in it")
     ids = torch.tensor([tok(prompt, add_special_tokens=True)["input_ids"]])
     res = prefill(model, ids, maps, tail=min(a.tail, ids.shape[1]), mode=a.mode, split=a.split)
     new = generate_after(model, ids, res, a.max_new_tokens)
@@ -140,10 +143,14 @@ def _cmd_generate(a) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "threads", None):
+    threads = getattr(args, "threads", None)
+    if threads is not None and threads < 1:
+        print(f"error: --threads {threads} must be at least 1 (or leave it out for torch's choice)", file=sys.stderr)
+        return 2
+    if threads:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
     try:
         handlers = {"run": _cmd_run, "calibrate": _cmd_calibrate, "generate": _cmd_generate}
         (handlers.get(args.command) or args.func)(args)

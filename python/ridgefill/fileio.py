@@ -12,7 +12,8 @@ from typing import Callable
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it onto ``path``.
 
-    The parent folder is created if needed. If ``write`` raises, the temporary file is removed and
+    The file gets the permissions a plain ``open`` would give (``0666`` less the umask). The parent
+    folder is created if needed. If ``write`` raises, the temporary file is removed and
     ``path`` is left as it was.
     """
     path = Path(path)
@@ -21,6 +22,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

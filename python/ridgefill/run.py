@@ -105,8 +105,14 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
                     and maps.meta.get("lambda_spec") == str(cfg.lam) and maps.meta.get("chunk") == cfg.chunk)
             if same:
                 return maps, path, False
+            why = (f"they were fitted with {maps.meta.get('calibration_tokens')} calibration tokens, λ "
+                   f"{maps.meta.get('lambda_spec')}, chunk {maps.meta.get('chunk')}")
         except (MapsFormatError, MapsMismatchError) as e:
-            print(f"existing maps at {path} not usable ({e}); calibrating anew")
+            why = str(e)
+        if cfg.maps:  # a file the user named is never replaced
+            raise InputError(f"the maps file {path} does not fit this run ({why}); pass a new --maps path, "
+                             "or delete the file to refit it")
+        print(f"existing maps at {path} not usable ({why}); calibrating anew")
     texts = load_texts()
     calib = {k: texts[k] for k in CALIBRATION_BOOKS}
     maps = calibrate(model, tokenizer, calib, split=cfg.split, tokens=cfg.calib_tokens, chunk=cfg.chunk,
@@ -115,10 +121,27 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
     return maps, path, True
 
 
+def check_config(cfg: RunConfig) -> None:
+    """Reject bad sizes before anything is loaded, calibrated or written. Raises :class:`InputError`."""
+    positive = {"--tail": cfg.tail, "--docs": cfg.docs, "--doc-tokens": cfg.doc_tokens,
+                "--gen-tokens": cfg.gen_tokens, "--repeats": cfg.repeats, "--calib-tokens": cfg.calib_tokens,
+                "--chunk": cfg.chunk}
+    for flag, value in positive.items():
+        if value < 1:
+            raise InputError(f"{flag} {value} must be at least 1")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise InputError(f"--threads {cfg.threads} must be at least 1 (or leave it out for torch's choice)")
+    if cfg.lam != "auto" and not (isinstance(cfg.lam, (int, float)) and math.isfinite(cfg.lam) and cfg.lam >= 0):
+        raise InputError(f"--lam {cfg.lam} must be 'auto' or a finite number ≥ 0 (λ > 0 when the Gram is singular)")
+    if cfg.tail >= cfg.doc_tokens:
+        raise InputError(f"--tail {cfg.tail} must be shorter than --doc-tokens {cfg.doc_tokens}")
+
+
 def run(cfg: RunConfig, progress: bool = True) -> dict:
     """Run the main job and return the report (also written to ``<out>/report.json``)."""
     from .assets import EVALUATION_BOOKS, load_model, load_texts
 
+    check_config(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -127,19 +150,17 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
     L = model.config.num_hidden_layers
     if not 0 <= cfg.split <= L - 2:
         raise InputError(f"--split {cfg.split} is out of range for a {L}-layer model: use 0..{L - 2}")
-    if cfg.tail >= cfg.doc_tokens:
-        raise InputError(f"--tail {cfg.tail} must be shorter than --doc-tokens {cfg.doc_tokens}")
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos and cfg.doc_tokens + cfg.gen_tokens > max_pos:
         raise InputError(f"--doc-tokens {cfg.doc_tokens} + --gen-tokens {cfg.gen_tokens} exceeds the model's "
                          f"context of {max_pos} tokens")
 
+    texts = load_texts()  # documents first: a bad size fails before any calibration or file write
+    docs = evaluation_documents(tok, {k: texts[k] for k in EVALUATION_BOOKS}, cfg.docs, cfg.doc_tokens)
+
     t0 = time.perf_counter()
     maps, maps_path, fresh = get_maps(model, tok, name, cfg, progress)
     calib_s = time.perf_counter() - t0
-
-    texts = load_texts()
-    docs = evaluation_documents(tok, {k: texts[k] for k in EVALUATION_BOOKS}, cfg.docs, cfg.doc_tokens)
     nll = {m: [] for m in cfg.modes}
     agree = {m: [] for m in cfg.modes}
     prefix = {m: [] for m in cfg.modes}
