@@ -116,11 +116,18 @@ def collect_stats(model: torch.nn.Module, chunks: Sequence[Tensor], split: int, 
     return collect_stats_many(model, chunks, (split,), heldout_every=heldout_every, progress=progress)[split]
 
 
+TARGETS: tuple[str, ...] = ("inputs", "kv")
+
+
 @torch.inference_mode()
 def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits: Sequence[int], *,
-                       heldout_every: int = 8,
-                       progress: bool = True) -> dict[int, tuple[RidgeStats, RidgeStats]]:
+                       heldout_every: int = 8, progress: bool = True,
+                       targets: str = "inputs") -> dict[int, tuple[RidgeStats, RidgeStats]]:
     """:func:`collect_stats` for several splits from one forward pass per chunk (the pass dominates).
+
+    ``targets``: what the maps predict from ``h_S``: ``"inputs"``, each late layer's input ``x_l``
+    (``[rows, hidden]``); ``"kv"``, each late layer's pre-RoPE keys and values
+    (:meth:`~ridgefill.adapters.LlamaAdapter.kv_targets`, ``[rows, 2·kv_dim]``): K/V maps.
 
     Returns:
         ``{S: (fit, heldout)}`` for every ``S`` in ``splits``; identical to calling
@@ -139,7 +146,10 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
             raise InputError(f"split S={split} is out of range: this model has {L} layers, so 0 ≤ S ≤ {L - 2}")
     if not chunks:
         raise InputError("no calibration chunks: the calibration text is empty")
-    stats = {s: (RidgeStats(L - s - 1, adapter.hidden_size), RidgeStats(L - s - 1, adapter.hidden_size))
+    if targets not in TARGETS:
+        raise InputError(f"map targets must be one of {TARGETS}; got {targets!r}")
+    k = adapter.hidden_size if targets == "inputs" else 2 * adapter.num_kv_heads * adapter.head_dim
+    stats = {s: (RidgeStats(L - s - 1, adapter.hidden_size, outputs=k), RidgeStats(L - s - 1, adapter.hidden_size, outputs=k))
              for s in splits}
     first = splits[0]
     device = next(model.parameters()).device
@@ -155,16 +165,20 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
             x = adapter.layer(layer, x, rope, positions, x.new_empty(shape), x.new_empty(shape))
             if layer >= first:
                 xs.append(x[0])
-        xs = torch.stack(xs).cpu()
+        hs = torch.stack(xs).cpu()  # h_S for S = first.. (= inputs of layers first+1..L-1)
+        if targets == "kv":  # the pre-RoPE K/V of layers first+1..L-1, from their inputs
+            xs = torch.stack([adapter.kv_targets(first + 1 + j, x[None])[0] for j, x in enumerate(xs)]).cpu()
+        else:
+            xs = hs
         held = i % heldout_every == heldout_every - 1
         for split, (fit_s, held_s) in stats.items():
-            (held_s if held else fit_s).update(xs[split - first], xs[split - first:])
+            (held_s if held else fit_s).update(hs[split - first], xs[split - first:])
     return stats
 
 
 def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *, split: int,
               tokens: int | None, chunk: int = 1024, lam: float | str = "auto", heldout_every: int = 8,
-              model_name: str = "", progress: bool = True) -> RidgeMaps:
+              model_name: str = "", progress: bool = True, targets: str = "inputs") -> RidgeMaps:
     """Fit RidgeFill maps for ``model`` at ``split`` on ``texts`` (paper, "Approach").
 
     Args:
@@ -172,6 +186,8 @@ def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[
         tokens: calibration token budget (whole chunks, rounded up); ``None`` for all text.
         chunk: tokens per forward pass.
         lam: ``λ`` (number ``≥ 0``) or ``"auto"`` (per layer, by held-out error).
+        targets: ``"inputs"`` (the maps predict each late layer's input, the paper's maps) or ``"kv"``
+            (K/V maps: each late layer's pre-RoPE keys and values; see :func:`collect_stats_many`).
 
     Returns:
         :class:`RidgeMaps` (float32) with provenance metadata; save with :meth:`RidgeMaps.save`.
@@ -181,12 +197,14 @@ def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[
         :func:`collect_stats` and :func:`ridgefill.ridge.fit_maps`.
     """
     return calibrate_many(model, tokenizer, texts, splits=(split,), tokens=tokens, chunk=chunk, lam=lam,
-                          heldout_every=heldout_every, model_name=model_name, progress=progress)[split]
+                          heldout_every=heldout_every, model_name=model_name, progress=progress,
+                          targets=targets)[split]
 
 
 def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *,
                    splits: Sequence[int], tokens: int | None, chunk: int = 1024, lam: float | str = "auto",
-                   heldout_every: int = 8, model_name: str = "", progress: bool = True) -> dict[int, RidgeMaps]:
+                   heldout_every: int = 8, model_name: str = "", progress: bool = True,
+                   targets: str = "inputs") -> dict[int, RidgeMaps]:
     """:func:`calibrate` at several splits from one pass over the text (:func:`collect_stats_many`).
 
     Returns:
@@ -198,7 +216,7 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
         raise InputError("λ='auto' needs at least 2 chunks (one held out); calibrate on more tokens or give λ")
     # hold out every heldout_every-th chunk (at least one when there are two or more chunks)
     every = min(heldout_every, len(chunks)) if len(chunks) >= 2 else len(chunks) + 1
-    collected = collect_stats_many(model, chunks, splits, heldout_every=every, progress=progress)
+    collected = collect_stats_many(model, chunks, splits, heldout_every=every, progress=progress, targets=targets)
     out = {}
     for split, (fit, held) in collected.items():
         result = fit_maps(fit, lam, held if held.count else None)
@@ -206,7 +224,9 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
                 "weight_fingerprint": weight_fingerprint(model), "calibration_tokens": fit.count + held.count,
                 "heldout_tokens": held.count, "chunk": chunk, "text_sha256": text_hash(text_list),
                 "lambda_spec": str(lam), "heldout_rel_error": result.heldout_rel_error,
-                "heldout_rel_error_identity": result.heldout_rel_error_identity}
+                "heldout_rel_error_identity": result.heldout_rel_error_identity, "kind": targets}
+        mean_h, mean_x = result.stats.means() if targets == "inputs" else (None, None)
         out[split] = RidgeMaps(split, result.weights.float(), result.biases.float(), result.lambdas, meta,
-                               result.stats)
+                               result.stats, mean_h=None if mean_h is None else mean_h.float(),
+                               mean_x=None if mean_x is None else mean_x.float())
     return out

@@ -38,14 +38,14 @@ import torch
 from torch import Tensor
 
 from .adapters import adapter_for
-from .adapters.base import record_sliding_windows, trim_sliding_windows
+from .adapters.base import record_sliding_windows, trim_sliding_windows, write_rows
 from .errors import InputError, NonFiniteError
 from .maps import RidgeMaps
 
-Mode = Literal["ridge", "identity", "none", "exact"]
+Mode = Literal["ridge", "centred", "identity", "none", "exact"]
 #: ``kv_hook(layer, keys, values, filled_positions) -> (keys, values)``: see :func:`prefill`.
 KVHook = Callable[[int, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
-MODES: tuple[str, ...] = ("exact", "ridge", "identity", "none")
+MODES: tuple[str, ...] = ("exact", "ridge", "centred", "identity", "none")
 
 
 @dataclass
@@ -60,6 +60,8 @@ class PrefillResult:
         exact_positions: sorted ``int64`` ``[rows]``: the rows that ran every layer.
         split: ``S`` (``None`` in mode ``"exact"``).
         mode: the mode used.
+        selected: sorted ``int64`` ``[k]``: the rows chosen by ``select`` (a subset of
+            ``exact_positions``); ``None`` without selection.
     """
 
     cache: object
@@ -67,6 +69,7 @@ class PrefillResult:
     exact_positions: Tensor
     split: int | None
     mode: str
+    selected: Tensor | None = None
 
 
 def exact_positions(num_rows: int, tail: int, exact_rows: Iterable[int] = ()) -> Tensor:
@@ -90,13 +93,15 @@ def predict_inputs(h_split: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 
     Args:
         h_split: ``[batch, rows, d]`` split state of the filled rows.
-        weight: ``W_l`` ``[d, d]``; bias: ``b_l`` ``[d]`` (same dtype as ``h_split``).
+        weight: ``W_l`` ``[d, k]``; bias: ``b_l`` ``[k]`` (same dtype as ``h_split``); ``k = d`` for
+            input maps, ``2·kv_dim`` for K/V maps (whose prediction is the pre-RoPE keys and values).
 
     Returns:
-        ``[batch, rows, d]``. With ``W = I`` and ``b = 0`` it is ``h_S`` itself, the identity fill
+        ``[batch, rows, k]``. With ``W = I`` and ``b = 0`` it is ``h_S`` itself, the identity fill
         (Lean: ``KvaLean.Identity.identity_fill_eq``).
     """
-    return torch.addmm(bias, h_split.reshape(-1, h_split.shape[-1]), weight).view(h_split.shape)
+    out = torch.addmm(bias, h_split.reshape(-1, h_split.shape[-1]), weight)
+    return out.view(*h_split.shape[:-1], weight.shape[-1])
 
 
 def _rows(x: Tensor, index: Tensor, dim: int) -> Tensor:
@@ -113,39 +118,159 @@ def _check_finite(x: Tensor, where: str) -> None:
                              "maps and the dtype (float16 can overflow: use float32 or bfloat16)")
 
 
+@dataclass(frozen=True)
+class Select:
+    """Query-aware choice of extra exact rows: a two-pass fill (issue "filled-region retrieval").
+
+    Pass 1 is the plain fill. While the exact rows run the late layers, the softmax attention of the
+    last ``queries`` exact rows over every key is recorded in each late layer; a filled row's score is
+    that attention summed over query rows and late layers and reduced over heads (``heads="sum"`` or
+    ``"max"``). The best-scoring filled rows become exact, each widened to ``before`` rows before and
+    ``after`` rows after it, until ``budget`` extra rows are used. Pass 2 reruns only what changed: the
+    late layers for the old and the new exact rows (their lower layers, ``h_S`` and the other filled
+    rows' K/V are kept). ``rounds > 1`` repeats scoring and choosing, each round with a ``budget /
+    rounds`` share.
+
+    Attributes:
+        budget: extra exact rows: a fraction of the prompt when ``< 1`` (e.g. ``0.025``), else a row
+            count. The chosen rows never exceed it.
+        before, after: rows added before and after each best-scoring row (a needle's digits follow
+            the words the question matches, hence the asymmetric default).
+        queries: how many of the last exact rows score the filled rows.
+        heads: ``"sum"`` or ``"max"`` over attention heads.
+        rounds: scoring-and-choosing rounds.
+        sink: the first ``sink`` rows (the attention sink) are chosen first, without widening, and
+            count toward the budget; they take most of every head's attention, so scoring them would
+            spend the budget on them and their neighbours.
+    """
+
+    budget: float = 0.025
+    before: int = 2
+    after: int = 12
+    queries: int = 1
+    heads: Literal["sum", "max"] = "sum"
+    rounds: int = 1
+    sink: int = 1
+
+    def __post_init__(self):
+        if not (self.budget > 0 and self.budget < float("inf")):
+            raise InputError(f"select budget must be > 0 (a fraction of the prompt < 1, or rows); got {self.budget}")
+        if self.budget >= 1 and self.budget != int(self.budget):
+            raise InputError(f"select budget ≥ 1 is a row count and must be whole; got {self.budget}")
+        for name in ("before", "after", "sink"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise InputError(f"select {name} must be an int ≥ 0; got {getattr(self, name)!r}")
+        if not isinstance(self.queries, int) or self.queries < 1:
+            raise InputError(f"select queries must be an int ≥ 1; got {self.queries!r}")
+        if self.heads not in ("sum", "max"):
+            raise InputError(f"select heads must be 'sum' or 'max'; got {self.heads!r}")
+        if not isinstance(self.rounds, int) or self.rounds < 1:
+            raise InputError(f"select rounds must be an int ≥ 1; got {self.rounds!r}")
+
+    def budget_rows(self, num_rows: int) -> int:
+        """The budget in rows for a prompt of ``num_rows`` rows."""
+        return int(self.budget * num_rows) if self.budget < 1 else int(self.budget)
+
+    @classmethod
+    def parse(cls, spec: str) -> "Select | None":
+        """``"off"`` → ``None``; else ``key=value`` pairs separated by commas, e.g.
+        ``"budget=0.025,before=2,after=12,queries=1,heads=sum,rounds=1"`` (missing keys: defaults);
+        ``"on"`` for all defaults.
+
+        Raises:
+            InputError: an unknown key or a value of the wrong type.
+        """
+        spec = spec.strip()
+        if spec in ("off", "none", ""):
+            return None
+        if spec in ("on", "default"):
+            return cls()
+        kwargs: dict = {}
+        for part in spec.split(","):
+            key, eq, value = part.partition("=")
+            key = key.strip()
+            if not eq or key not in cls.__dataclass_fields__:
+                raise InputError(f"select option {part!r} is not key=value with a key among "
+                                 f"{sorted(cls.__dataclass_fields__)}; e.g. 'budget=0.025,after=12'")
+            try:
+                kwargs[key] = value.strip() if key == "heads" else (float(value) if key == "budget" else int(value))
+            except ValueError:
+                raise InputError(f"select option {key}={value!r}: not a number") from None
+        return cls(**kwargs)
+
+
+def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int) -> Tensor:
+    """The extra exact rows: best-scoring candidates, each widened, until ``budget`` rows.
+
+    Args:
+        scores: ``[N]`` float, one score per position (only ``candidates`` are read).
+        candidates: ``[N]`` bool, the positions that may be chosen (the filled rows).
+        budget: the most rows to return.
+
+    Returns:
+        Sorted ``int64`` positions ``[k]``, ``k ≤ budget``, all among ``candidates``: first the
+        candidates among the ``select.sink`` first rows, then windows around the best-scoring other
+        candidates. A window that would overflow the budget is cut to fit it.
+    """
+    n = scores.numel()
+    chosen = torch.zeros(n, dtype=torch.bool, device=scores.device)
+    sink = torch.arange(min(select.sink, n), device=scores.device)
+    sink = sink[candidates[sink]][:budget]
+    chosen[sink] = True
+    candidates = candidates.clone()
+    candidates[: select.sink] = False
+    order = torch.argsort(torch.where(candidates, scores.float(), float("-inf")), descending=True)
+    used = sink.numel()
+    for r in order.tolist():
+        if used >= budget or not bool(candidates[r]):
+            break
+        if chosen[r]:
+            continue
+        window = torch.arange(max(0, r - select.before), min(n, r + select.after + 1), device=scores.device)
+        window = window[candidates[window] & ~chosen[window]]
+        window = window[: budget - used]
+        chosen[window] = True
+        used += window.numel()
+    return chosen.nonzero().flatten()
+
+
 @torch.inference_mode()
 def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = None, *, tail: int,
             exact_rows: Iterable[int] = (), mode: Mode = "ridge", split: int | None = None,
             logits: Literal["last", "exact"] = "last", kv_hook: KVHook | None = None,
-            fast: bool = True) -> PrefillResult:
+            fast: bool = True, select: Select | None = None) -> PrefillResult:
     """Prefill ``input_ids`` with RidgeFill (or a baseline) and return the cache and logits.
 
     Args:
         model: a causal LM with an adapter (see :mod:`ridgefill.adapters`), in eval mode.
         input_ids: ``[batch, N]`` int64 token ids (no padding; the batch shares its exact rows).
-        maps: fitted maps (mode ``"ridge"``); checked against ``model`` and ``split``.
+        maps: fitted maps (modes ``"ridge"`` and ``"centred"``); checked against ``model`` and ``split``.
         tail: number of final rows that run the full model (``1 ≤ tail ≤ N``).
         exact_rows: further absolute positions that run the full model.
-        mode: ``"ridge"``, ``"identity"``, ``"none"`` or ``"exact"`` (see module docstring).
+        mode: ``"ridge"``, ``"centred"``, ``"identity"``, ``"none"`` or ``"exact"`` (module docstring).
         split: ``S`` (``0 ≤ S ≤ L-2``); defaults to ``maps.split``; required for identity/none without maps.
-        logits: ``"last"`` for the last row only, ``"exact"`` for every exact row.
-        kv_hook: evaluation extension point (splice tests, :mod:`ridgefill.evaluate.splice`): in modes
-            ``"ridge"``/``"identity"``, for each late layer ``l``, called as ``kv_hook(l, k, v, filled)``
+        logits: ``"last"`` for the last row only, ``"exact"`` for every exact row (chosen rows included).
+        kv_hook: evaluation extension point (splice tests, :mod:`ridgefill.evaluate.splice`): in the
+            fill modes, for each late layer ``l``, called as ``kv_hook(l, k, v, filled)``
             with the filled rows' predicted keys (after RoPE) and values ``[batch, kv_heads, rows,
             head_dim]`` and their positions ``filled`` ``[rows]``, before any exact row attends to them
             (in sliding-window layers only the rows some exact row sees, see
             :meth:`~ridgefill.adapters.DecoderAdapter.needed_filled_rows`);
             it returns the ``(k, v)`` to write instead (same shapes). ``None``: no hook.
-        fast: in modes ``"ridge"``/``"identity"``, compute the filled rows' K/V of all late layers in
-            one batched step (:meth:`~ridgefill.adapters.LlamaAdapter.fill_kv`) when the adapter has
-            it, there is no ``kv_hook`` and every late layer reads every filled row; the values equal
-            the per-layer path's (``fast=False``, the reference) up to float rounding.
+        fast: compute the filled rows' K/V of all late layers in one batched step
+            (:meth:`~ridgefill.adapters.LlamaAdapter.fill_kv`) when the adapter has it, there is no
+            ``kv_hook`` and every late layer reads every filled row; the values equal the per-layer
+            path's (``fast=False``, the reference) up to float rounding.
+        select: a :class:`Select` to choose further exact rows from the exact rows' late-layer
+            attention (two passes; fill modes other than ``"none"``). ``None``: one pass.
 
     Returns:
-        :class:`PrefillResult`.
+        :class:`PrefillResult`; with ``select`` its ``selected`` holds the chosen rows (also in
+        ``exact_positions``). The cache and logits equal those of a one-pass prefill with the chosen rows
+        given as ``exact_rows`` (up to float rounding).
 
     Raises:
-        InputError: bad shapes, mode, tail, exact rows or split.
+        InputError: bad shapes, mode, tail, exact rows, split or selection.
         MapsMismatchError: ``maps`` belong to another model or split.
         NonFiniteError: NaN/Inf activations.
     """
@@ -154,6 +279,9 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     if input_ids.ndim != 2 or input_ids.shape[1] < 1 or input_ids.dtype != torch.long:
         raise InputError(f"input_ids must be an int64 tensor [batch, rows]; got {input_ids.dtype} "
                          f"{tuple(input_ids.shape)}")
+    if select is not None and mode in ("exact", "none"):
+        raise InputError(f"select chooses exact rows from the attention to the filled rows' K/V; mode {mode!r} "
+                         "has none: use it with 'ridge', 'centred' or 'identity'")
     n = input_ids.shape[1]
     ex = exact_positions(n, tail, exact_rows).to(input_ids.device)
     if mode == "exact":
@@ -161,9 +289,9 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
 
     adapter = adapter_for(model)
     L = adapter.num_layers
-    if mode == "ridge":
+    if mode in ("ridge", "centred"):
         if maps is None:
-            raise InputError("mode='ridge' needs maps: fit them with `ridgefill calibrate` and load them "
+            raise InputError(f"mode={mode!r} needs maps: fit them with `ridgefill calibrate` and load them "
                              "with ridgefill.load_maps")
         maps.check_model(model, split)
         split = maps.split
@@ -175,16 +303,12 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
 
     device = input_ids.device
     positions = torch.arange(n, device=device)
-    filled = torch.ones(n, dtype=torch.bool, device=device)
-    filled[ex] = False
-    fl = positions[filled]
-
     x = adapter.embed(input_ids)
     rope = adapter.rope(positions, x)
     keys, values = [], []
 
-    def buffers(like_k_rows: int = n) -> tuple[Tensor, Tensor]:
-        shape = (x.shape[0], adapter.num_kv_heads, like_k_rows, adapter.head_dim)
+    def buffers() -> tuple[Tensor, Tensor]:
+        shape = (x.shape[0], adapter.num_kv_heads, n, adapter.head_dim)
         return x.new_empty(shape), x.new_empty(shape)
 
     for layer in range(split + 1):  # lower layers: every row, exactly
@@ -194,67 +318,158 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         values.append(v)
     _check_finite(x, f"the split state h_S (output of layer {split})")
 
-    h_fill = _rows(x, fl, 1)
-    rope_fill, rope_ex = rope.rows(fl), rope.rows(ex)
-    x = _rows(x, ex, 1)
-    if maps is not None and mode == "ridge":
-        maps = maps.to(dtype=x.dtype, device=device)
-    visible = None if mode != "none" else ~filled
-    late = range(split + 1, L)
-    batched_kv = None  # fast path: the filled rows' K/V of every late layer in one step, before the loop
-    if (fast and mode != "none" and kv_hook is None and fl.numel() and hasattr(adapter, "fill_kv")
-            and adapter.supports_fill_kv() and all(adapter.needed_filled_rows(i, fl, ex) is None for i in late)):
-        shape = (len(late), x.shape[0], adapter.num_kv_heads, n, adapter.head_dim)
-        batched_kv = x.new_empty(shape), x.new_empty(shape)
+    kind = maps.kind if mode == "ridge" else "inputs"
+    fill = _LateFill(adapter, range(split + 1, L), x, rope, _fill_maps(mode, maps, x), kv_hook,
+                     fast and kv_hook is None and kind == "inputs", none=mode == "none", kind=kind)
+    selected = torch.zeros(0, dtype=torch.long, device=device)
+    rounds = select.rounds if select is not None else 0
+    budget = select.budget_rows(n) if select is not None else 0
+    for r in range(rounds + 1):
+        scorer = None
+        if r < rounds:
+            scorer = _AttentionScores(adapter, n, select)
+        out = fill.run(ex, scorer)
+        if scorer is None:
+            break
+        share = budget * (r + 1) // rounds - selected.numel()
+        filled = torch.ones(n, dtype=torch.bool, device=device)
+        filled[ex] = False
+        new = choose_rows(scorer.scores, filled, select, share)
+        if new.numel() == 0:
+            break
+        selected = torch.cat([selected, new]).sort().values
+        ex = torch.unique(torch.cat([ex, new]))
+
+    result = adapter.logits(out[:, -1:] if logits == "last" else out)
+    _check_finite(result, "the logits of the exact rows")
+    late_k, late_v = fill.cache_rows(ex)
+    cache = adapter.build_cache(keys + late_k, values + late_v)
+    return PrefillResult(cache, result, ex, split, mode, selected if select is not None else None)
+
+
+def _fill_maps(mode: str, maps: RidgeMaps | None, like: Tensor) -> tuple[Tensor, Tensor] | None:
+    """``(W [late, d, d], b [late, d])`` in the dtype/device of ``like`` for the mode, or ``None`` for
+    the identity fill (``W = I``, ``b = 0``) and mode ``"none"``."""
+    if mode == "ridge":
+        m = maps.to(dtype=like.dtype, device=like.device)
+        return m.weights, m.biases
+    if mode == "centred":
+        bias = maps.centred_biases()
+        d = bias.shape[-1]
+        eye = torch.eye(d, dtype=like.dtype, device=like.device).expand(bias.shape[0], d, d)
+        return eye, bias.to(dtype=like.dtype, device=like.device)
+    return None
+
+
+class _AttentionScores:
+    """Accumulates, over late layers, the attention of the last ``select.queries`` exact rows over every
+    position (softmax over the keys each query row can see), reduced over heads by ``select.heads``."""
+
+    def __init__(self, adapter, num_rows: int, select: Select):
+        self.adapter, self.select = adapter, select
+        self.scores = torch.zeros(num_rows, dtype=torch.float32)
+
+    def add(self, layer: int, x: Tensor, rope, positions: Tensor, keys: Tensor, visible: Tensor | None) -> None:
+        """``x`` ``[batch, q, d]``: the query rows' input of ``layer`` at ``positions`` ``[q]``; ``keys``
+        ``[batch, kv_heads, N, head_dim]`` the layer's cache after those rows wrote theirs."""
+        ad = self.adapter
+        q = ad.queries(layer, x, rope)  # [b, H, q, hd]
+        k = keys.repeat_interleave(ad.num_heads // ad.num_kv_heads, dim=1).to(q.dtype)
+        logits = (q @ k.transpose(-1, -2)).float() * ad.scaling  # [b, H, q, N]
+        mask = ad.visible_keys(layer, positions, keys.shape[2], visible)
+        if mask is None:
+            mask = torch.arange(keys.shape[2], device=q.device)[None, :] <= positions[:, None]
+        p = logits.masked_fill(~mask, float("-inf")).softmax(-1).sum(dim=(0, 2))  # [H, N]
+        p = p.sum(0) if self.select.heads == "sum" else p.amax(0)
+        self.scores += p.to(self.scores.device)
+
+
+class _LateFill:
+    """The late layers ``S+1..L-1`` of one prefill: the filled rows' predicted K/V and the exact rows.
+
+    :meth:`run` makes sure every filled row a late layer can read has K/V (computed once per row and
+    layer, from ``h_S`` through the maps), then runs the exact rows through every late layer, attending
+    to the mixed cache. Calling it again with more exact rows (row selection) recomputes only the late
+    layers of the exact rows; the rows that became exact overwrite their predicted K/V with exact ones.
+    """
+
+    def __init__(self, adapter, late: range, h: Tensor, rope, maps: tuple[Tensor, Tensor] | None,
+                 kv_hook: KVHook | None, batched: bool, none: bool, kind: str = "inputs"):
+        self.adapter, self.late, self.h, self.rope = adapter, late, h, rope
+        self.maps, self.kv_hook, self.batched, self.none, self.kind = maps, kv_hook, batched, none, kind
+        b, n = h.shape[0], h.shape[1]
+        shape = (len(late), b, adapter.num_kv_heads, n, adapter.head_dim)
+        self.keys, self.values = h.new_zeros(shape), h.new_zeros(shape)
+        self.have = torch.zeros(len(late), n, dtype=torch.bool, device=h.device)  # rows holding K/V
+
+    def _write_filled(self, ex: Tensor) -> None:
+        ad, n = self.adapter, self.h.shape[1]
+        filled = torch.ones(n, dtype=torch.bool, device=self.h.device)
+        filled[ex] = False
+        fl = filled.nonzero().flatten()
+        if self.none or fl.numel() == 0:
+            return
+        needs = [ad.needed_filled_rows(layer, fl, ex) for layer in self.late]
+        if (self.batched and not self.have.any() and hasattr(ad, "fill_kv") and ad.supports_fill_kv()
+                and all(nd is None for nd in needs)):
+            self._fill_batched(fl)
+            self.have[:, fl] = True
+            return
+        for i, (layer, need) in enumerate(zip(self.late, needs)):
+            rows = fl if need is None else fl[need]
+            rows = rows[~self.have[i, rows]]
+            if rows.numel() == 0:
+                continue
+            h = _rows(self.h, rows, 1)
+            x_hat = h if self.maps is None else predict_inputs(h, self.maps[0][i], self.maps[1][i])
+            if self.kind == "kv":  # K/V maps predict the pre-RoPE keys and values themselves
+                kf, vf = ad.kv_from_targets(layer, x_hat, self.rope.rows(rows))
+            else:
+                kf, vf = ad.kv(layer, x_hat, self.rope.rows(rows))
+            if self.kv_hook is not None:
+                kf, vf = self.kv_hook(layer, kf, vf, rows)
+            write_rows(self.keys[i], self.values[i], rows, kf, vf)
+            self.have[i, rows] = True
+
+    def _fill_batched(self, fl: Tensor) -> None:
+        """All late layers at once (:meth:`~ridgefill.adapters.LlamaAdapter.fill_kv`)."""
         first, count = int(fl[0]), fl.numel()
         contiguous = int(fl[-1]) - first + 1 == count
-        outs = ((batched_kv[0].narrow(3, first, count), batched_kv[1].narrow(3, first, count)) if contiguous
-                else (x.new_empty(shape[:3] + (count, shape[4])), x.new_empty(shape[:3] + (count, shape[4]))))
-        w, b = (maps.weights, maps.biases) if mode == "ridge" else (None, None)
-        adapter.fill_kv(late, h_fill, w, b, rope_fill, *outs)
+        if contiguous:
+            outs = self.keys.narrow(3, first, count), self.values.narrow(3, first, count)
+        else:
+            shape = self.keys.shape[:3] + (count, self.keys.shape[4])
+            outs = self.h.new_empty(shape), self.h.new_empty(shape)
+        w, b = self.maps if self.maps is not None else (None, None)
+        self.adapter.fill_kv(self.late, _rows(self.h, fl, 1), w, b, self.rope.rows(fl), *outs)
         if not contiguous:
-            batched_kv[0].index_copy_(3, fl, outs[0])
-            batched_kv[1].index_copy_(3, fl, outs[1])
-        del outs
-    for layer in late:  # late layers
-        k, v = buffers() if batched_kv is None else (batched_kv[0][layer - late[0]], batched_kv[1][layer - late[0]])
-        if batched_kv is not None:
-            pass  # the filled rows' K/V were written by adapter.fill_kv above
-        elif mode == "none":
-            k[:, :, fl] = 0
-            v[:, :, fl] = 0
-        elif fl.numel():
-            # only the filled rows this layer can ever read (all, except in sliding-window layers)
-            need = adapter.needed_filled_rows(layer, fl, ex)
-            if need is None:
-                fl_l, h_l, rope_l = fl, h_fill, rope_fill
-            else:
-                fl_l, h_l, rope_l = fl[need], _rows(h_fill, need, 1), rope_fill.rows(need)
-                if fl_l.numel() < fl.numel():
-                    k.zero_()  # rows left out hold zeros (never read; no uninitialised memory)
-                    v.zero_()
-            if fl_l.numel():
-                x_hat = predict_inputs(h_l, *maps.layer(layer)) if mode == "ridge" else h_l
-                kf, vf = adapter.kv(layer, x_hat, rope_l)
-                if kv_hook is not None:
-                    kf, vf = kv_hook(layer, kf, vf, fl_l)
-                first, last = int(fl_l[0]), int(fl_l[-1])
-                if fl_l.numel() == last - first + 1:  # contiguous filled rows: write with a slice
-                    k[:, :, first:last + 1] = kf
-                    v[:, :, first:last + 1] = vf
-                else:
-                    k[:, :, fl_l] = kf
-                    v[:, :, fl_l] = vf
-        x = adapter.layer(layer, x, rope_ex, ex, k, v, visible=visible)
-        if mode == "none":
-            k, v = _rows(k, ex, 2), _rows(v, ex, 2)
-        keys.append(k)
-        values.append(v)
+            self.keys.index_copy_(3, fl, outs[0])
+            self.values.index_copy_(3, fl, outs[1])
 
-    out = adapter.logits(x[:, -1:] if logits == "last" else x)
-    _check_finite(out, "the logits of the exact rows")
-    cache = adapter.build_cache(keys, values)
-    return PrefillResult(cache, out, ex, split, mode)
+    def run(self, ex: Tensor, scorer: _AttentionScores | None = None) -> Tensor:
+        """Run the exact rows ``ex`` (sorted ``int64`` ``[E]``) through the late layers; returns their
+        output of the last layer ``[batch, E, d]``. ``scorer`` records the last rows' attention."""
+        self._write_filled(ex)
+        n = self.h.shape[1]
+        visible = None
+        if self.none:
+            visible = torch.zeros(n, dtype=torch.bool, device=self.h.device)
+            visible[ex] = True
+        x, rope_ex = _rows(self.h, ex, 1), self.rope.rows(ex)
+        q = min(scorer.select.queries, ex.numel()) if scorer is not None else 0
+        for i, layer in enumerate(self.late):
+            x_in = x
+            x = self.adapter.layer(layer, x, rope_ex, ex, self.keys[i], self.values[i], visible=visible)
+            if scorer is not None:
+                scorer.add(layer, x_in[:, -q:], rope_ex.rows(slice(-q, None)), ex[-q:], self.keys[i], visible)
+        return x
+
+    def cache_rows(self, ex: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """Per late layer ``[batch, kv_heads, rows, head_dim]`` K/V for the returned cache: every row
+        (mode ``"none"``: the exact rows only)."""
+        if self.none:
+            return [_rows(k, ex, 2) for k in self.keys], [_rows(v, ex, 2) for v in self.values]
+        return list(self.keys.unbind(0)), list(self.values.unbind(0))
 
 
 def _prefill_exact(model: torch.nn.Module, input_ids: Tensor, ex: Tensor, logits: str) -> PrefillResult:

@@ -62,6 +62,10 @@ class RidgeMaps:
         lambdas: ``λ`` per late layer.
         meta: provenance (see module docstring).
         stats: the float64 statistics the maps were solved on, or ``None`` (not kept by :meth:`to`).
+        mean_h, mean_x: calibration means ``h̄`` ``[d]`` and ``x̄_l`` ``[L-S-1, d]`` (stored as tensors
+            ``mean_h`` / ``mean_x``; ``None`` in files written before they were added). They give the
+            centred identity fill ``W = I, b_l = x̄_l − h̄`` (:meth:`centred_biases`), the ``λ → ∞`` limit
+            of the ridge maps with their unpenalised intercept.
     """
 
     split: int
@@ -70,6 +74,14 @@ class RidgeMaps:
     lambdas: list[float]
     meta: dict = field(default_factory=dict)
     stats: RidgeStats | None = field(default=None, repr=False, compare=False)
+    mean_h: Tensor | None = field(default=None, repr=False, compare=False)
+    mean_x: Tensor | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def kind(self) -> str:
+        """``"inputs"`` (``W_l`` ``[d, d]`` predicts the layer input ``x_l``) or ``"kv"`` (``W_l``
+        ``[d, 2·kv_dim]`` predicts the layer's pre-RoPE keys and values directly: K/V maps)."""
+        return self.meta.get("kind", "inputs")
 
     @property
     def first_layer(self) -> int:
@@ -81,8 +93,22 @@ class RidgeMaps:
 
     def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "RidgeMaps":
         """A copy with the tensors cast (the fill applies the maps in the model's dtype)."""
-        return RidgeMaps(self.split, self.weights.to(device=device, dtype=dtype),
-                         self.biases.to(device=device, dtype=dtype), list(self.lambdas), dict(self.meta))
+        cast = (lambda t: None if t is None else t.to(device=device, dtype=dtype))
+        return RidgeMaps(self.split, cast(self.weights), cast(self.biases), list(self.lambdas), dict(self.meta),
+                         mean_h=cast(self.mean_h), mean_x=cast(self.mean_x))
+
+    def centred_biases(self) -> Tensor:
+        """``b_l = x̄_l − h̄`` ``[L-S-1, d]``: the biases of the centred identity fill (``W = I``), the
+        limit of the ridge maps as ``λ → ∞`` (Lean: ``KvaLean.Identity``).
+
+        Raises:
+            MapsFormatError: the maps file holds no calibration means (written before they were
+                stored): refit it with ``ridgefill calibrate``.
+        """
+        if self.mean_h is None or self.mean_x is None:
+            raise MapsFormatError("these maps hold no calibration means, which the centred identity fill needs; "
+                                  "refit them with `ridgefill calibrate` (or `ridgefill run`)")
+        return self.mean_x - self.mean_h[None, :]
 
     def check_model(self, model: torch.nn.Module, split: int | None = None) -> None:
         """Check these maps belong to ``model`` (and to ``split`` when given).
@@ -93,16 +119,24 @@ class RidgeMaps:
         """
         fix = "fit maps for this model with `ridgefill calibrate`"
         cfg = model.config
-        expected = (cfg.num_hidden_layers - self.split - 1, cfg.hidden_size, cfg.hidden_size)
+        if self.kind not in ("inputs", "kv"):
+            raise MapsMismatchError(f"maps of kind {self.kind!r} are not understood (kinds: 'inputs', 'kv'); {fix}")
+        out = cfg.hidden_size
+        if self.kind == "kv":
+            from .adapters import adapter_for
+
+            ad = adapter_for(model)
+            out = 2 * ad.num_kv_heads * ad.head_dim
+        expected = (cfg.num_hidden_layers - self.split - 1, cfg.hidden_size, out)
         if split is not None and split != self.split:
             raise MapsMismatchError(f"maps were fitted at split S={self.split}, but split S={split} was "
                                     f"requested; use S={self.split} or {fix} at S={split}")
         if not 0 <= self.split <= cfg.num_hidden_layers - 2:
             raise MapsMismatchError(f"maps split S={self.split} is outside this model's 0..{cfg.num_hidden_layers - 2}; {fix}")
-        if tuple(self.weights.shape) != expected or tuple(self.biases.shape) != expected[:2]:
+        if tuple(self.weights.shape) != expected or tuple(self.biases.shape) != expected[::2]:
             raise MapsMismatchError(
                 f"maps have weights {tuple(self.weights.shape)} and biases {tuple(self.biases.shape)}, but this "
-                f"model at S={self.split} needs {expected} and {expected[:2]}; {fix}")
+                f"model at S={self.split} needs {expected} and {expected[::2]}; {fix}")
         want = self.meta.get("model_hash")
         if want is not None and want != model_hash(model):
             raise MapsMismatchError(
@@ -120,6 +154,9 @@ class RidgeMaps:
         meta = dict(self.meta, format_version=FORMAT_VERSION, split=self.split, lambdas=self.lambdas)
         tensors = {"weights": self.weights.detach().to(torch.float32).contiguous().cpu(),
                    "biases": self.biases.detach().to(torch.float32).contiguous().cpu()}
+        if self.mean_h is not None and self.mean_x is not None:
+            tensors["mean_h"] = self.mean_h.detach().to(torch.float32).contiguous().cpu()
+            tensors["mean_x"] = self.mean_x.detach().to(torch.float32).contiguous().cpu()
         out = atomic_write(path, lambda tmp: save_file(
             tensors, tmp, metadata={"ridgefill": json.dumps(meta, sort_keys=True)}))
         if self.stats is not None:
@@ -221,7 +258,7 @@ def load_maps(path: str | os.PathLike) -> RidgeMaps:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise MapsFormatError(f"maps file {str(path)!r} is truncated or corrupted ({e}); {redo}") from e
-    if raw is None or set(tensors) != {"weights", "biases"}:
+    if raw is None or set(tensors) not in ({"weights", "biases"}, {"weights", "biases", "mean_h", "mean_x"}):
         raise MapsFormatError(f"{str(path)!r} is a safetensors file but not a RidgeFill maps file "
                               f"(tensors {sorted(tensors)}); {redo}")
     try:
@@ -234,10 +271,16 @@ def load_maps(path: str | os.PathLike) -> RidgeMaps:
     w, b = tensors["weights"], tensors["biases"]
     lambdas = meta.pop("lambdas", None)
     split = meta.pop("split", None)
-    if (w.ndim != 3 or w.shape[1] != w.shape[2] or b.shape != w.shape[:2] or not isinstance(split, int)
+    square = meta.get("kind", "inputs") == "inputs"
+    if (w.ndim != 3 or (square and w.shape[1] != w.shape[2]) or b.shape != (w.shape[0], w.shape[2])
+            or not isinstance(split, int)
             or not isinstance(lambdas, list) or len(lambdas) != w.shape[0]):
         raise MapsFormatError(f"maps file {str(path)!r} has inconsistent shapes: weights {tuple(w.shape)}, "
                               f"biases {tuple(b.shape)}, {len(lambdas or [])} λ values, split {split!r}; {redo}")
-    if not (torch.isfinite(w).all() and torch.isfinite(b).all()):
+    mean_h, mean_x = tensors.get("mean_h"), tensors.get("mean_x")
+    if mean_h is not None and (mean_h.shape != w.shape[1:2] or mean_x.shape != w.shape[::2]):
+        raise MapsFormatError(f"maps file {str(path)!r} has calibration means of shapes {tuple(mean_h.shape)} and "
+                              f"{tuple(mean_x.shape)}, expected {tuple(w.shape[1:2])} and {tuple(b.shape)}; {redo}")
+    if not all(torch.isfinite(t).all() for t in tensors.values()):
         raise MapsFormatError(f"maps file {str(path)!r} holds NaN or Inf values; {redo}")
-    return RidgeMaps(split, w, b, [float(v) for v in lambdas], meta)
+    return RidgeMaps(split, w, b, [float(v) for v in lambdas], meta, mean_h=mean_h, mean_x=mean_x)

@@ -81,9 +81,11 @@ class RidgeStats:
 
     Attributes:
         count: number of token rows seen.
-        shift_h: ``[d]``; shift_x: ``[layers, d]``.
+        outputs: size ``k`` of each target row (``hidden`` for the layer inputs ``x_l``; ``2·kv_dim``
+            for K/V maps, whose targets are a layer's pre-RoPE keys and values).
+        shift_h: ``[d]``; shift_x: ``[layers, k]``.
         sum_h: ``Σ (h − shift_h)`` ``[d]``; gram: ``Σ (h−shift)(h−shift)ᵀ`` ``[d, d]``.
-        sum_x: ``[layers, d]``; cross: ``Σ (h−shift_h)(x_l−shift_x)ᵀ`` ``[layers, d, d]``;
+        sum_x: ``[layers, k]``; cross: ``Σ (h−shift_h)(x_l−shift_x)ᵀ`` ``[layers, d, k]``;
         sq_x: ``Σ ‖x_l − shift_x‖²`` ``[layers]``.
     """
 
@@ -92,6 +94,7 @@ class RidgeStats:
     count: int = 0
     shift_h: Tensor | None = None
     shift_x: Tensor | None = None
+    outputs: int | None = None
     sum_h: Tensor = field(init=False)
     gram: Tensor = field(init=False)
     sum_x: Tensor = field(init=False)
@@ -100,21 +103,25 @@ class RidgeStats:
 
     def __post_init__(self):
         d, n = self.hidden, self.layers
+        if self.outputs is None:
+            self.outputs = d
+        k = self.outputs
         self.sum_h = torch.zeros(d, dtype=F64)
         self.gram = torch.zeros(d, d, dtype=F64)
-        self.sum_x = torch.zeros(n, d, dtype=F64)
-        self.cross = torch.zeros(n, d, d, dtype=F64)
+        self.sum_x = torch.zeros(n, k, dtype=F64)
+        self.cross = torch.zeros(n, d, k, dtype=F64)
         self.sq_x = torch.zeros(n, dtype=F64)
 
     def update(self, h: Tensor, xs: Tensor) -> None:
-        """Add rows: ``h`` ``[rows, d]`` (split state) and ``xs`` ``[layers, rows, d]`` (late-layer inputs).
+        """Add rows: ``h`` ``[rows, d]`` (split state) and ``xs`` ``[layers, rows, k]`` (the targets:
+        late-layer inputs, or K/V for K/V maps).
 
         Raises:
             NonFiniteError: a value is NaN or Inf.
             InputError: shapes do not match the statistics.
         """
-        if h.ndim != 2 or h.shape[1] != self.hidden or xs.shape != (self.layers, h.shape[0], self.hidden):
-            raise InputError(f"expected h [rows, {self.hidden}] and xs [{self.layers}, rows, {self.hidden}]; "
+        if h.ndim != 2 or h.shape[1] != self.hidden or xs.shape != (self.layers, h.shape[0], self.outputs):
+            raise InputError(f"expected h [rows, {self.hidden}] and xs [{self.layers}, rows, {self.outputs}]; "
                              f"got {tuple(h.shape)} and {tuple(xs.shape)}")
         h, xs = h.to(F64), xs.to(F64)
         if not (torch.isfinite(h).all() and torch.isfinite(xs).all()):
@@ -138,7 +145,7 @@ class RidgeStats:
             return self
         if self.count == 0:
             return other
-        out = RidgeStats(self.layers, self.hidden, self.count + other.count, self.shift_h, self.shift_x)
+        out = RidgeStats(self.layers, self.hidden, self.count + other.count, self.shift_h, self.shift_x, self.outputs)
         # shift other's sums from its shift to ours: v' = v + δ with δ = other.shift − self.shift
         dh = other.shift_h - self.shift_h
         dx = other.shift_x - self.shift_x
@@ -180,20 +187,34 @@ def lambda_grid(gram: Tensor, points: int = 25) -> Tensor:
     return scale * torch.logspace(-7, 3, points, dtype=F64)
 
 
-def heldout_errors(fit: RidgeStats, heldout: RidgeStats, layer: int, lams: Tensor) -> Tensor:
-    """Held-out squared error ``Σ ‖x_l − (h W_λ + b_λ)‖²`` of the identity-centred ridge fitted on
-    ``fit``, for every ``λ`` in ``lams`` ``[k]``. Cost: one eigendecomposition and a few ``d³`` products
-    per layer, then ``O(d²)`` per ``λ``. Returns ``[k]`` float64."""
+def default_prior(stats: RidgeStats) -> Tensor | None:
+    """The ridge prior ``W₀`` of these statistics: the identity for layer-input targets (``k = d``),
+    ``None`` (zero) for other targets (K/V maps)."""
+    return torch.eye(stats.hidden, dtype=F64) if stats.outputs == stats.hidden else None
+
+
+def heldout_errors(fit: RidgeStats, heldout: RidgeStats, layer: int, lams: Tensor,
+                   prior: Tensor | None | str = "default") -> Tensor:
+    """Held-out squared error ``Σ ‖x_l − (h W_λ + b_λ)‖²`` of the ridge with prior ``W₀`` (default
+    :func:`default_prior`: the identity for layer inputs, zero for K/V targets) fitted on ``fit``, for
+    every ``λ`` in ``lams`` ``[k]``. Cost: one eigendecomposition and a few ``d³`` products per layer,
+    then ``O(d²)`` per ``λ``. Returns ``[k]`` float64."""
+    if isinstance(prior, str):
+        prior = default_prior(fit)
     mh, mx = fit.means()
     mx = mx[layer]
     gram, cross, _ = fit.moments(layer, mh, mx)
     evals, q = torch.linalg.eigh(gram)
     evals = evals.clamp_min(0)
-    c = q.T @ (cross - gram)                      # W = I + Q diag(1/(e+λ)) C
     shh, shx, sxx = heldout.moments(layer, mh, mx)  # held-out moments about the fit means
-    # held-out residual target r = (x − m_x) − (h − m_h); features z = (h − m_h) Q
-    srr = sxx - 2 * torch.trace(shx) + torch.trace(shh)
-    p = q.T @ (shx - shh)                         # Σ zᵀ r
+    if prior is None:
+        c = q.T @ cross                           # W = Q diag(1/(e+λ)) C
+        srr, p = sxx, q.T @ shx
+    else:
+        c = q.T @ (cross - gram @ prior)          # W = W₀ + Q diag(1/(e+λ)) C
+        # held-out residual target r = (x − m_x) − (h − m_h) W₀; features z = (h − m_h) Q
+        srr = sxx - 2 * torch.trace(prior.T @ shx) + torch.trace(prior.T @ shh @ prior)
+        p = q.T @ (shx - shh @ prior)             # Σ zᵀ r
     m = q.T @ shh @ q                             # Σ zᵀ z
     a = (c * p).sum(1)                            # tr(Cᵀ D P) = Σ_i D_i a_i
     k = m * (c @ c.T)                             # tr(Cᵀ D M D C) = Dᵀ K D
@@ -203,7 +224,8 @@ def heldout_errors(fit: RidgeStats, heldout: RidgeStats, layer: int, lams: Tenso
 
 @dataclass
 class FittedMaps:
-    """Result of :func:`fit_maps`: ``weights`` ``[layers, d, d]`` and ``biases`` ``[layers, d]`` (float64),
+    """Result of :func:`fit_maps`: ``weights`` ``[layers, d, k]`` and ``biases`` ``[layers, k]`` (float64;
+    ``k = d`` for layer-input maps, ``2·kv_dim`` for K/V maps),
     ``lambdas`` (one per late layer), diagnostics (held-out relative errors, or ``None``) and ``stats``,
     the statistics the final maps were solved on (for certificates, :mod:`ridgefill.certify`)."""
 
@@ -227,8 +249,10 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
         heldout: statistics of held-out rows; required for ``"auto"``, used for diagnostics otherwise.
 
     Returns:
-        :class:`FittedMaps`; ``W_l`` solves ``(G + λI) W = B_l + λI`` on centred statistics and
-        ``b_l = x̄_l − h̄ W_l`` (Lean: ``KvaLean.Ridge.ridge_optimal_matrix``, intercept by centring).
+        :class:`FittedMaps`; ``W_l`` solves ``(G + λI) W = B_l + λW₀`` on centred statistics and
+        ``b_l = x̄_l − h̄ W_l``, with the prior ``W₀ = I`` for layer-input targets and ``W₀ = 0`` for K/V
+        targets (:func:`default_prior`) (Lean: ``KvaLean.Ridge.ridge_multi_optimal``, intercept by
+        centring: ``KvaLean.Ridge.fit_maps_optimal``).
 
     Raises:
         InputError: no statistics, a bad ``λ`` spec, or ``"auto"`` without held-out statistics.
@@ -255,10 +279,13 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
         raise InputError(f"λ must be a number ≥ 0, a list of {n} numbers, or 'auto'; got {lam!r}")
 
     mh, mx = final.means()
+    prior = default_prior(final)
+    if prior is None:
+        prior = torch.zeros(final.hidden, final.outputs, dtype=F64)
     weights, biases = [], []
     for layer in range(n):
         gram, cross, _ = final.centred(layer)
-        w = solve_ridge(gram, cross, lams[layer])
+        w = solve_ridge(gram, cross, lams[layer], prior)
         weights.append(w)
         biases.append(mx[layer] - mh @ w)
     rel = rel_id = None
@@ -274,6 +301,10 @@ def _heldout_report(stats: RidgeStats, heldout: RidgeStats, lams: list[float]):
     for layer, lam in enumerate(lams):
         err = heldout_errors(stats, heldout, layer, torch.tensor([lam], dtype=F64))[0]
         _, _, total = heldout.moments(layer, mh_out, mx_out[layer])
+        if stats.outputs != stats.hidden:  # K/V targets: no identity fill to compare with
+            rel.append(float(err / total))
+            rel_id.append(None)
+            continue
         zero = torch.zeros_like(mh_out)
         shh, shx, sxx = heldout.moments(layer, zero, zero)  # raw moments: identity error Σ‖x − h‖²
         ident = sxx - 2 * torch.trace(shx) + torch.trace(shh)

@@ -90,6 +90,10 @@ class Gemma3Adapter(LlamaAdapter):
             tables[layer_type] = Rope(cos, sin)
         return RopeByType(tables)
 
+    def layer_rope(self, layer: int, rope: RopeByType) -> Rope:
+        """The tables of ``layer``'s type (local base in sliding layers, global in full layers)."""
+        return self._rope_of(layer, rope)
+
     def _rope_of(self, layer: int, rope: RopeByType) -> Rope:
         if not isinstance(rope, RopeByType):
             raise TypeError(f"Gemma3Adapter needs the RoPE tables of its own rope() (a RopeByType, one table "

@@ -62,6 +62,29 @@ class LlamaAdapter(DecoderAdapter):
         k, v = F.linear(h, w, b).split(self.num_kv_heads * self.head_dim, dim=-1)
         return self._split_heads(k, self.num_kv_heads), self._split_heads(v, self.num_kv_heads)
 
+    def layer_rope(self, layer: int, rope: Rope) -> Rope:
+        """The RoPE tables ``layer`` uses, out of what :meth:`rope` returned (one table here)."""
+        return rope
+
+    def queries(self, layer: int, x: Tensor, rope: Rope) -> Tensor:
+        """Queries after RoPE ``[batch, heads, rows, head_dim]`` of rows with layer input ``x``
+        ``[batch, rows, hidden]`` (row selection scores filled rows by the attention of these)."""
+        q = self.project_qkv(layer, self.body.layers[layer].input_layernorm(x))[0]
+        return apply_rope(q, self.layer_rope(layer, rope))
+
+    def kv_targets(self, layer: int, x: Tensor) -> Tensor:
+        """The pre-RoPE keys and values of rows with layer input ``x`` ``[batch, rows, hidden]``, flat:
+        ``[batch, rows, 2·kv_dim]`` (keys, then values; heads in order). The targets of K/V maps."""
+        k, v = self.project_kv(layer, self.body.layers[layer].input_layernorm(x))
+        return torch.cat([k.transpose(1, 2).flatten(2), v.transpose(1, 2).flatten(2)], dim=-1)
+
+    def kv_from_targets(self, layer: int, t: Tensor, rope: Rope) -> tuple[Tensor, Tensor]:
+        """Cache entries from pre-RoPE K/V ``t`` ``[batch, rows, 2·kv_dim]`` (the layout of
+        :meth:`kv_targets`): keys after RoPE and values, each ``[batch, kv_heads, rows, head_dim]``."""
+        kvd = self.num_kv_heads * self.head_dim
+        k, v = self._split_heads(t[..., :kvd], self.num_kv_heads), self._split_heads(t[..., kvd:], self.num_kv_heads)
+        return apply_rope(k, self.layer_rope(layer, rope)), v
+
     def kv(self, layer: int, x: Tensor, rope: Rope) -> tuple[Tensor, Tensor]:
         h = self.body.layers[layer].input_layernorm(x)
         k, v = self.project_kv(layer, h)

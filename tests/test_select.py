@@ -1,0 +1,169 @@
+"""Query-aware row selection (``prefill(..., select=Select(...))``) and the centred identity fill."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from ridgefill import InputError, MapsFormatError, prefill
+from ridgefill.fill import Select, choose_rows
+from conftest import oracle_maps, reference, tiny_llama
+from test_gemma3 import tiny_gemma3
+
+S = 2
+
+
+def kv(cache, layer):
+    return cache.layers[layer].keys, cache.layers[layer].values
+
+
+def assert_same_prefill(a, b, layers, atol=1e-5):
+    torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=atol)
+    assert torch.equal(a.exact_positions, b.exact_positions)
+    for layer in range(layers):
+        for x, y in zip(kv(a.cache, layer), kv(b.cache, layer)):
+            torch.testing.assert_close(x, y, rtol=0, atol=atol)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_llama(seed=4, hidden=64)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(0, 101, (1, 96), generator=torch.Generator().manual_seed(7))
+
+
+@pytest.fixture(scope="module")
+def maps(llama, ids):
+    m = oracle_maps(llama, ids[:, :40], S)  # fitted on a prefix only: not exact on later rows
+    m.weights += 0.05 * torch.randn(m.weights.shape, generator=torch.Generator().manual_seed(0))
+    return m
+
+
+@pytest.mark.parametrize("mode", ["ridge", "identity"])
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("sel", [Select(budget=12, before=1, after=3), Select(budget=0.2, queries=4, heads="max", rounds=2)])
+def test_two_pass_equals_one_pass_with_the_chosen_rows(llama, ids, maps, mode, fast, sel):
+    res = prefill(llama, ids, maps, tail=8, mode=mode, split=S, select=sel, logits="exact", fast=fast)
+    chosen = res.selected
+    assert 0 < chosen.numel() <= sel.budget_rows(ids.shape[1])
+    assert chosen.max() < ids.shape[1] - 8  # filled rows only
+    one = prefill(llama, ids, maps, tail=8, exact_rows=chosen.tolist(), mode=mode, split=S, logits="exact", fast=fast)
+    assert_same_prefill(res, one, llama.config.num_hidden_layers)
+    assert one.selected is None
+
+
+def test_selection_never_changes_the_lower_layers(llama, ids, maps):
+    plain = prefill(llama, ids, maps, tail=8, mode="ridge")
+    sel = prefill(llama, ids, maps, tail=8, mode="ridge", select=Select(budget=20))
+    for layer in range(S + 1):
+        for x, y in zip(kv(plain.cache, layer), kv(sel.cache, layer)):
+            assert torch.equal(x, y)
+    # and it does change the late layers: at layer S+1 the chosen rows' input is h_S itself, so their
+    # K/V there are now the exact model's, where the perturbed maps' prediction was off
+    out = reference(llama, ids)
+    rows = sel.selected
+    want = out.cache.layers[S + 1].keys[:, :, rows]
+    assert (kv(plain.cache, S + 1)[0][:, :, rows] - want).abs().max() > 1e-2
+    torch.testing.assert_close(kv(sel.cache, S + 1)[0][:, :, rows], want, rtol=0, atol=1e-5)
+
+
+def test_scores_are_the_exact_attention_with_oracle_maps():
+    """With maps that reproduce every late-layer input the mixed cache is the exact one, so the scores
+    are the exact model's attention of the last row, summed over heads and late layers."""
+    model = tiny_llama(seed=3, hidden=96)
+    ids = torch.randint(0, 101, (1, 60), generator=torch.Generator().manual_seed(5))
+    maps = oracle_maps(model, ids, S)
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        att = model(ids, output_attentions=True).attentions  # per layer [1, H, N, N]
+    model.config._attn_implementation = "sdpa"
+    want = sum(att[layer][0, :, -1].sum(0) for layer in range(S + 1, model.config.num_hidden_layers))
+    from ridgefill.fill import _AttentionScores, _LateFill, _fill_maps
+    from ridgefill.adapters import adapter_for
+
+    ad = adapter_for(model)
+    n = ids.shape[1]
+    x = ad.embed(ids)
+    pos = torch.arange(n)
+    rope = ad.rope(pos, x)
+    with torch.no_grad():
+        for layer in range(S + 1):
+            shape = (1, ad.num_kv_heads, n, ad.head_dim)
+            x = ad.layer(layer, x, rope, pos, torch.empty(shape), torch.empty(shape))
+        fill = _LateFill(ad, range(S + 1, ad.num_layers), x, rope, _fill_maps("ridge", maps, x), None, True, False)
+        scorer = _AttentionScores(ad, n, Select())
+        fill.run(torch.arange(n - 6, n), scorer)
+    torch.testing.assert_close(scorer.scores, want, rtol=0, atol=5e-4)
+    # the best filled rows (the same ones the exact attention prefers) are what choose_rows takes first
+    cand = torch.ones(n, dtype=torch.bool)
+    cand[-6:] = False
+    top = int(torch.argmax(torch.where(cand, want, -1.0)))
+    assert top in choose_rows(scorer.scores, cand, Select(before=0, after=0, sink=0), 1).tolist()
+
+
+def test_gemma3_two_pass_fills_rows_newly_seen_by_sliding_layers():
+    """In sliding-window layers a chosen row in the middle of the prompt makes the rows of its window
+    readable; pass 2 must give them predicted K/V, as a one-pass prefill does."""
+    model = tiny_gemma3(seed=2)
+    ids = torch.randint(3, 101, (1, 80), generator=torch.Generator().manual_seed(3))
+    maps = oracle_maps(model, ids[:, :30], 1)
+    sel = Select(budget=6, before=0, after=2)
+    res = prefill(model, ids, maps, tail=4, mode="ridge", select=sel, logits="exact")
+    assert res.selected.numel() and res.selected.min() < 60  # some chosen rows lie outside the tail's window
+    one = prefill(model, ids, maps, tail=4, exact_rows=res.selected.tolist(), mode="ridge", logits="exact")
+    assert_same_prefill(res, one, model.config.num_hidden_layers)
+
+
+def test_choose_rows_widens_around_the_best_rows_and_keeps_the_budget():
+    scores = torch.zeros(40)
+    scores[10], scores[30], scores[5] = 3.0, 2.0, 1.0
+    cand = torch.ones(40, dtype=torch.bool)
+    cand[36:] = False
+    sel = Select(before=1, after=2, sink=0)
+    assert choose_rows(scores, cand, sel, 8).tolist() == [9, 10, 11, 12, 29, 30, 31, 32]
+    scores[0] = 9.0  # the sink: chosen first, alone, when sink=1
+    assert choose_rows(scores, cand, Select(before=1, after=2), 6).tolist() == [0, 9, 10, 11, 12, 29]
+    assert choose_rows(scores, cand, Select(before=1, after=2, sink=0), 6).tolist() == [0, 1, 2, 9, 10, 11]
+    scores[0] = 0.0
+    assert choose_rows(scores, cand, sel, 6).tolist() == [9, 10, 11, 12, 29, 30]  # last window cut to fit
+    cand[9:13] = False  # rows already exact are never chosen again
+    assert choose_rows(scores, cand, sel, 4).tolist() == [29, 30, 31, 32]
+    assert choose_rows(scores, cand, sel, 0).tolist() == []
+
+
+def test_select_parse_and_errors():
+    assert Select.parse("off") is None
+    assert Select.parse("on") == Select()
+    assert Select.parse("budget=64,after=8,heads=max,rounds=2") == Select(budget=64, after=8, heads="max", rounds=2)
+    assert Select(budget=0.025).budget_rows(2048) == 51
+    for bad in ("budget=0", "budget=2.5", "heads=mean", "queries=0", "rounds=0", "before=-1", "colour=red", "budget"):
+        with pytest.raises(InputError):
+            Select.parse(bad)
+
+
+def test_select_refused_without_filled_kv(llama, ids):
+    for mode in ("none", "exact"):
+        with pytest.raises(InputError, match="select"):
+            prefill(llama, ids, tail=8, mode=mode, split=S, select=Select())
+
+
+def test_centred_identity_fill(llama, ids, maps):
+    """Mode 'centred' is the fill with W = I and b_l = x̄_l − h̄ (the λ → ∞ limit of the ridge maps)."""
+    d, late = llama.config.hidden_size, llama.config.num_hidden_layers - S - 1
+    g = torch.Generator().manual_seed(1)
+    m = maps.to()
+    m.mean_h, m.mean_x = torch.randn(d, generator=g), torch.randn(late, d, generator=g)
+    res = prefill(llama, ids, m, tail=8, mode="centred", logits="exact")
+    ref = maps.to()
+    ref.weights, ref.biases = torch.eye(d).repeat(late, 1, 1), m.mean_x - m.mean_h
+    want = prefill(llama, ids, ref, tail=8, mode="ridge", logits="exact")
+    assert_same_prefill(res, want, llama.config.num_hidden_layers)
+    # with x̄_l = h̄ it is the plain identity fill
+    m.mean_x = m.mean_h.repeat(late, 1)
+    same = prefill(llama, ids, m, tail=8, mode="centred", logits="exact")
+    assert_same_prefill(same, prefill(llama, ids, tail=8, mode="identity", split=S, logits="exact"),
+                        llama.config.num_hidden_layers)
+    with pytest.raises(MapsFormatError, match="means"):
+        prefill(llama, ids, maps, tail=8, mode="centred")
