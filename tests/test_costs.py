@@ -39,6 +39,36 @@ def test_closed_form_equals_brute_force(n, split, tail):
     assert fill_cost(SMALL, n, split, tail).flops == brute_force(SMALL, n, split, tail)
 
 
+def brute_force_selected(shape: ModelShape, n: int, split: int, tail: int, chosen: list[int], rounds: int,
+                         kv_maps: bool = False) -> int:
+    """Two-pass selection counted pass by pass: pass 1 fills every filled row and runs the tail; each
+    round scores with the last row (one more attention row) and reruns the tail and the chosen rows."""
+    d, H, Hk, h, I, V = shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate, shape.vocab
+    full_row = lambda p: 2 * d * H * h + 2 * 2 * d * Hk * h + 2 * H * h * d + 2 * 3 * d * I + 4 * H * h * (p + 1)
+    total = 2 * d * V
+    for layer in range(shape.layers):
+        if layer <= split:
+            total += sum(full_row(p) for p in range(n))
+            continue
+        for p in range(n - tail):  # pass 1: every filled row's map and K/V
+            total += (2 * d * 2 * Hk * h + 2 * Hk * h) if kv_maps else (2 * d * d + d + 2 * 2 * d * Hk * h)
+        total += sum(full_row(p) for p in range(n - tail, n))
+        for _ in range(rounds):
+            total += 4 * H * h * n  # the scores: the last row's attention over its n keys
+            total += sum(full_row(p) for p in sorted(chosen) + list(range(n - tail, n)))
+    return total
+
+
+@pytest.mark.parametrize("chosen,rounds,kv_maps", [([0, 3, 4, 9], 1, False), ([1, 2], 2, False), ([5], 1, True)])
+def test_selection_cost_equals_brute_force(chosen, rounds, kv_maps):
+    n, split, tail = 20, 1, 6
+    got = fill_cost(SMALL, n, split, tail, selected=chosen, rounds=rounds, kv_maps=kv_maps).flops
+    assert got == brute_force_selected(SMALL, n, split, tail, chosen, rounds, kv_maps)
+    assert ideal_ratio(SMALL, n, split, tail, selected=chosen) < ideal_ratio(SMALL, n, split, tail)
+    with pytest.raises(InputError, match="filled rows"):
+        fill_cost(SMALL, n, split, tail, selected=[n - 1])
+
+
 def test_tail_covering_the_prompt_costs_what_exact_costs():
     for n in (1, 10, 100):
         assert fill_cost(SMALL, n, 1, n).flops == exact_cost(SMALL, n).flops

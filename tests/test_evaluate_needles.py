@@ -142,3 +142,27 @@ def test_runner_splices_and_key_scales(sentences):
     with pytest.raises(InputError, match="include mode 'exact'"):
         run_needles(model, tok, sentences, lengths=[1000], trials=1, modes=["ridge"], maps_by_split={2: maps},
                     splits=[2], tail=200, splices=["k"])
+
+
+def test_runner_row_selection(sentences):
+    """A selection budget that covers every filled row makes the fill exact: the +sel system answers
+    like exact; each result records its chosen rows and the share of the needle among them."""
+    from conftest import oracle_maps
+    from ridgefill.fill import Select
+
+    tok = ByteTokenizer()
+    model = byte_llama(seed=2)
+    model.config.max_position_embeddings = 2048
+    maps = oracle_maps(model, torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0)), 2)
+    res = run_needles(model, tok, sentences, lengths=[1000], trials=2, variants=["single"], modes=["exact", "ridge"],
+                      maps_by_split={2: maps}, splits=[2], tail=200, max_new_tokens=6,
+                      selects=[Select(budget=2000), Select(budget=8, before=0, after=0)])
+    for t in res["trials"]:
+        r = t["results"]
+        assert r["2/ridge"]["output"] != r["exact"]["output"]  # not vacuous
+        assert r["2/ridge+sel0"]["output"] == r["exact"]["output"]
+        assert r["2/ridge+sel0"]["selected"] == t["filled_rows"] and r["2/ridge+sel0"]["needle_hit"] == 1.0
+        assert r["2/ridge+sel1"]["selected"] == 8
+    with pytest.raises(InputError, match="row selection"):
+        run_needles(model, tok, sentences, lengths=[1000], trials=1, modes=["ridge"], maps_by_split={2: maps},
+                    splits=[2], tail=200, selects=[Select()], select_modes=["none"])

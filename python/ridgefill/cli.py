@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lam", type=parse_lam, default="auto")
     p.add_argument("--text", action="append", default=None,
                    help="a UTF-8 text file to calibrate on (repeatable; default: the bundled calibration novels)")
+    p.add_argument("--targets", default="inputs", choices=["inputs", "kv"],
+                   help="what the maps predict from h_S: each late layer's input (default) or its pre-RoPE "
+                        "keys and values (K/V maps)")
     p.add_argument("--out", required=True, help="maps file to write (.safetensors); written atomically")
 
     p = sub.add_parser("generate", help="prefill a prompt with RidgeFill and continue greedily")
@@ -72,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-file", required=True, help="UTF-8 text file holding the prompt")
     p.add_argument("--tail", type=int, default=d.tail)
     p.add_argument("--split", type=int, default=None, help="split for identity/none without maps")
-    p.add_argument("--mode", default="ridge", choices=["ridge", "identity", "none", "exact"])
+    p.add_argument("--mode", default="ridge", choices=["ridge", "centred", "identity", "none", "exact"])
     p.add_argument("--max-new-tokens", type=int, default=64)
 
     for module in EXTRA_SUBCOMMANDS:
@@ -113,13 +116,14 @@ def _cmd_calibrate(a) -> None:
         all_texts = load_texts()
         texts = {k: all_texts[k] for k in CALIBRATION_BOOKS}
     maps = calibrate(model, tok, texts, split=a.split, tokens=a.tokens or None, chunk=a.chunk, lam=a.lam,
-                     model_name=name)
+                     model_name=name, targets=a.targets)
     maps.save(a.out)
     print(f"wrote {a.out}: S={maps.split}, {maps.meta['calibration_tokens']} tokens, "
           f"λ per layer {[f'{v:.3g}' for v in maps.lambdas]}")
     if maps.meta.get("heldout_rel_error"):
         print("held-out relative error  ridge:    " + " ".join(f"{v:.3f}" for v in maps.meta["heldout_rel_error"]))
-        print("                         identity: " + " ".join(f"{v:.3f}" for v in maps.meta["heldout_rel_error_identity"]))
+        if maps.kind == "inputs":
+            print("                         identity: " + " ".join(f"{v:.3f}" for v in maps.meta["heldout_rel_error_identity"]))
 
 
 def _cmd_generate(a) -> None:

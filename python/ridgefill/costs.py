@@ -186,7 +186,7 @@ def exact_cost(shape: ModelShape, n: int, *, bytes_per_value: int = 2) -> Prefil
 
 
 def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = True,
-              bytes_per_value: int = 2) -> PrefillCost:
+              bytes_per_value: int = 2, selected=(), rounds: int = 1, kv_maps: bool = False) -> PrefillCost:
     """Cost of the fill prefill of ``n`` rows at split ``S = split`` with ``T = tail`` exact rows.
 
     Args:
@@ -196,31 +196,62 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
         tail: exact rows ``T``, ``1 ≤ T ≤ N`` (the last ``T`` rows).
         maps: count the maps (``False``: the identity fill, which has none).
         bytes_per_value: bytes per weight/map/cache value.
+        selected: positions of the rows a query-aware selection made exact (``prefill(...,
+            select=...)``, :attr:`ridgefill.fill.PrefillResult.selected`), all ``< N − T``. Selection
+            runs the late layers ``rounds + 1`` times: pass 1 for the ``T`` tail rows (plus, per round, one
+            attention row per query row for the scores, counted as one more attention row), then each
+            later pass for the tail and every chosen row (an upper bound for ``rounds > 1``, where early
+            passes have fewer chosen rows). Every filled row's map and K/V are computed once, in pass 1
+            (the chosen rows' too).
+        rounds: selection rounds (with ``selected``).
+        kv_maps: K/V maps (kind ``"kv"``): each filled row's map is ``2·d·(2·H_kv·h) + 2·H_kv·h``
+            FLOPs and replaces the map and the K/V projections.
 
     Raises:
-        InputError: a size out of range.
+        InputError: a size out of range, or a selected row outside the filled rows.
     """
     _check_sizes(shape, n, split, tail, bytes_per_value)
     lower, late, filled = split + 1, shape.layers - split - 1, n - tail
+    selected = sorted(int(p) for p in selected)
+    if selected and (selected[0] < 0 or selected[-1] >= filled or len(set(selected)) != len(selected)):
+        raise InputError(f"selected rows must be distinct positions among the filled rows 0..{filled - 1}")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise InputError(f"rounds={rounds!r} must be an int ≥ 1")
     row = shape.projection_flops + shape.mlp_flops
+    k = len(selected)
+    # exact late-layer rows over all passes: the tail once, then the tail and the chosen rows per round
+    passes = rounds if k else 0
+    exact_rows = tail + passes * (tail + k)
+    kv_out = 2 * shape.kv_heads * shape.head_dim
+    map_flops = (2 * shape.hidden * kv_out + kv_out) if kv_maps else (shape.map_flops if maps else 0)
+    kv_flops = 0 if kv_maps else shape.kv_flops
+    chosen_attention = sum(shape.attention_flops(p, p + 1) for p in selected)
+    scoring = passes * shape.attention_flops(n - 1, n)
     parts = {
-        "projections": lower * n * shape.projection_flops + late * (filled * shape.kv_flops + tail * shape.projection_flops),
-        "mlp": (lower * n + late * tail) * shape.mlp_flops,
-        "attention": lower * shape.attention_flops(0, n) + late * shape.attention_flops(filled, n),
-        "maps": late * filled * shape.map_flops if maps else 0,
+        "projections": lower * n * shape.projection_flops + late * (filled * kv_flops + exact_rows * shape.projection_flops),
+        "mlp": (lower * n + late * exact_rows) * shape.mlp_flops,
+        "attention": (lower * shape.attention_flops(0, n)
+                      + late * ((1 + passes) * shape.attention_flops(filled, n) + passes * chosen_attention + scoring)),
+        "maps": late * filled * map_flops,
         "lm_head": 2 * shape.hidden * shape.vocab,
     }
-    assert parts["projections"] + parts["mlp"] == (lower * n + late * tail) * row + late * filled * shape.kv_flops
-    extra = late * (shape.hidden * shape.hidden + shape.hidden) if maps else 0
+    assert parts["projections"] + parts["mlp"] == (lower * n + late * exact_rows) * row + late * filled * kv_flops
+    if kv_maps:
+        extra = late * (shape.hidden * kv_out + kv_out)
+    else:
+        extra = late * (shape.hidden * shape.hidden + shape.hidden) if maps else 0
     return _finish(shape, n, parts, extra, bytes_per_value)
 
 
-def ideal_ratio(config_or_shape, n: int, split: int, tail: int, *, maps: bool = True) -> float:
-    """``exact_cost(N).flops / fill_cost(N, S, T).flops``: the speed-up of an ideal fill path when prefill
-    is compute-bound. Accepts a ``transformers`` config or a :class:`ModelShape`.
+def ideal_ratio(config_or_shape, n: int, split: int, tail: int, *, maps: bool = True, selected=(),
+                rounds: int = 1, kv_maps: bool = False) -> float:
+    """``exact_cost(N).flops / fill_cost(N, S, T, ...).flops``: the speed-up of an ideal fill path when
+    prefill is compute-bound. Accepts a ``transformers`` config or a :class:`ModelShape`; ``selected``,
+    ``rounds`` and ``kv_maps`` as in :func:`fill_cost`.
 
     Raises:
         InputError: a size out of range or a config without the needed fields.
     """
     shape = config_or_shape if isinstance(config_or_shape, ModelShape) else ModelShape.from_config(config_or_shape)
-    return exact_cost(shape, n).flops / fill_cost(shape, n, split, tail, maps=maps).flops
+    cost = fill_cost(shape, n, split, tail, maps=maps, selected=selected, rounds=rounds, kv_maps=kv_maps)
+    return exact_cost(shape, n).flops / cost.flops

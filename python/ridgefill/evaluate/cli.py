@@ -55,6 +55,23 @@ def _lam_factors(text: str) -> list[float]:
     return out
 
 
+def _select(text: str):
+    from ..fill import Select
+
+    try:
+        return Select.parse(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _select_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--select", type=_select, action="append", default=[], help="also answer with query-aware "
+                   "row selection: 'on' (defaults) or key=value pairs such as 'budget=0.025,before=2,after=12,"
+                   "queries=1,heads=sum,rounds=1,sink=1' (repeatable: one system each)")
+    p.add_argument("--select-modes", type=_words, default=["ridge"], help="fill modes run with each --select "
+                   "(default ridge; also centred, identity)")
+
+
 def _common(p: argparse.ArgumentParser, json_default: str) -> None:
     p.add_argument("--model", default=None, help="'smollm2' (default), a local Hugging Face model directory, or a .gguf file")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -102,6 +119,7 @@ def add_subcommand(subparsers) -> None:
                    "splice components, e.g. k,v,k_scale (needs mode exact; default none)")
     p.add_argument("--key-scale-tokens", type=int, default=0, help="also answer with ridge plus a key-scale "
                    "correction fitted on this many calibration tokens (default 0: off)")
+    _select_args(p)
     p.set_defaults(func=_cmd_needle)
 
     p = sub.add_parser("loss", help="ΔNLL vs exact on all, key and novel-text tokens, with bootstrap CIs")
@@ -267,15 +285,18 @@ def _cmd_needle(a) -> None:
             raise InputError(f"unknown needle variant {v!r}; use {','.join(VARIANTS)}")
     model, tok, name = _setup(a)
     splits = _splits(a, model)
-    maps = _maps(a, model, tok, name, splits, "ridge" in a.modes or a.splices or a.key_scale_tokens)
+    selects = [s for s in a.select if s is not None]
+    need = {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else []))
+    maps = _maps(a, model, tok, name, splits, need or a.splices or a.key_scale_tokens)
     scales = _key_scales(a, model, tok, maps, splits) if a.key_scale_tokens else {}
     sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
     res = run_needles(model, tok, sentences, lengths=a.lengths, trials=a.trials, variants=a.variants,
                       modes=a.modes, maps_by_split=maps, splits=splits, tail=a.needle_tail, seed=a.seed,
                       chat=a.chat, max_new_tokens=a.max_new_tokens, splices=a.splices, key_scales=scales,
-                      progress=lambda m: _say(a, m))
+                      selects=selects, select_modes=a.select_modes, progress=lambda m: _say(a, m))
     report = _header(a, name, model, "needle")
     report.update({"splices": a.splices, "key_scale_tokens": a.key_scale_tokens,
+                   "selects": [str(s) for s in selects], "select_modes": a.select_modes,
                    "key_scales": {str(s): v.tolist() for s, v in scales.items()}})
     report.update({"lengths": a.lengths, "trials_per_cell": a.trials, "variants": a.variants, "modes": a.modes,
                    "splits": splits, "tail": a.needle_tail, "chat": a.chat, "maps": _maps_meta(maps), **res})

@@ -34,7 +34,7 @@ import torch
 
 from ..calibrate import special_prefix
 from ..errors import InputError
-from ..fill import generate_after, prefill
+from ..fill import Select, generate_after, prefill
 from .loss import wilson_interval
 
 ADJECTIVES: tuple[str, ...] = (
@@ -223,15 +223,16 @@ def score_answer(answer: str, value: str) -> float:
 @torch.inference_mode()
 def answer_case(model: torch.nn.Module, tokenizer, case: NeedleCase, *, mode: str, maps=None,
                 split: int | None = None, max_new_tokens: int = 12, kv_hook=None,
-                on_prefill: Callable | None = None) -> str:
+                on_prefill: Callable | None = None, select: Select | None = None) -> str:
     """Prefill ``case`` with ``mode`` (``tail`` exact rows), answer greedily, return the decoded answer.
 
-    ``kv_hook`` is passed to :func:`ridgefill.fill.prefill` (splices, key-scale correction);
-    ``on_prefill(result)`` is called with the :class:`ridgefill.fill.PrefillResult` before decoding."""
+    ``kv_hook`` and ``select`` are passed to :func:`ridgefill.fill.prefill` (splices, key-scale
+    correction; query-aware row selection); ``on_prefill(result)`` is called with the
+    :class:`ridgefill.fill.PrefillResult` before decoding."""
     device = next(model.parameters()).device
     ids = case.input_ids[None].to(device)
-    res = prefill(model, ids, maps if mode == "ridge" else None, tail=case.tail, mode=mode,
-                  split=None if mode == "exact" else split, kv_hook=kv_hook)
+    res = prefill(model, ids, maps if mode in ("ridge", "centred") else None, tail=case.tail, mode=mode,
+                  split=None if mode == "exact" else split, kv_hook=kv_hook, select=select)
     if on_prefill is not None:
         on_prefill(res)
     new = generate_after(model, ids, res, max_new_tokens)
@@ -243,6 +244,7 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
                 maps_by_split: Mapping[int, object] | None = None, splits: Sequence[int] = (), tail: int = 64,
                 seed: int = 0, chat: bool = False, max_new_tokens: int = 12, splices: Sequence[str] = (),
                 key_scales: Mapping[int, torch.Tensor] | None = None,
+                selects: Sequence[Select] = (), select_modes: Sequence[str] = ("ridge",),
                 progress: Callable[[str], None] | None = None) -> dict:
     """Needle retrieval for every variant × length × trial and every mode (fill modes at every split).
 
@@ -250,6 +252,10 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
     (:mod:`ridgefill.evaluate.splice`; systems ``"<S>/ridge+<component>"``, exact K/V from the same
     case's exact prefill, so ``"exact"`` must be among the modes). ``key_scales``: ``{S: [late, kv_heads]}``
     fitted key scales (:func:`ridgefill.evaluate.splice.fit_key_scales`): system ``"<S>/ridge+kscale"``.
+    ``selects``: also answer with query-aware row selection (:class:`ridgefill.fill.Select`) in each of
+    ``select_modes`` at every split: system ``"<S>/<mode>+sel"`` (one select) or ``"<S>/<mode>+sel<i>"``;
+    each result also records the chosen rows' count (``selected``) and the share of the asked needle's
+    tokens among them (``needle_hit``).
 
     Returns:
         ``{"trials": [per-trial records], "scores": [summary rows]}``; a summary row is
@@ -267,17 +273,25 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
     if trials < 1:
         raise InputError(f"trials={trials} must be ≥ 1")
     maps_by_split = dict(maps_by_split or {})
-    systems: list[tuple[str, str, int | None]] = []
+    systems: list[tuple[str, str, int | None, Select | None]] = []
     for mode in modes:
         if mode == "exact":
-            systems.append(("exact", "exact", None))
+            systems.append(("exact", "exact", None, None))
             continue
-        if mode not in ("ridge", "identity", "none"):
-            raise InputError(f"unknown mode {mode!r}; use exact, ridge, identity or none")
+        if mode not in ("ridge", "centred", "identity", "none"):
+            raise InputError(f"unknown mode {mode!r}; use exact, ridge, centred, identity or none")
         for s in splits:
-            if mode == "ridge" and maps_by_split.get(s) is None:
-                raise InputError(f"mode 'ridge' at split {s} needs maps")
-            systems.append((f"{s}/{mode}", mode, s))
+            if mode in ("ridge", "centred") and maps_by_split.get(s) is None:
+                raise InputError(f"mode {mode!r} at split {s} needs maps")
+            systems.append((f"{s}/{mode}", mode, s, None))
+    for mode in select_modes if selects else ():
+        if mode not in ("ridge", "centred", "identity"):
+            raise InputError(f"row selection needs a fill mode with filled K/V (ridge, centred, identity); got {mode!r}")
+        for s in splits:
+            if mode in ("ridge", "centred") and maps_by_split.get(s) is None:
+                raise InputError(f"mode {mode!r} at split {s} needs maps")
+            for i, sel in enumerate(selects):
+                systems.append((f"{s}/{mode}+sel" + (str(i) if len(selects) > 1 else ""), mode, s, sel))
     from .splice import COMPONENTS, exact_kv, key_scale_hook, splice_hook
 
     if splices and "exact" not in modes:
@@ -289,9 +303,9 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
     for s in splits:
         if (splices or (key_scales and s in key_scales)) and maps_by_split.get(s) is None:
             raise InputError(f"ridge splices and key scales at split {s} need maps")
-        extra += [(f"{s}/ridge+{c}", "ridge", s) for c in splices if c != "fill"]
+        extra += [(f"{s}/ridge+{c}", "ridge", s, None) for c in splices if c != "fill"]
         if key_scales and s in key_scales:
-            extra.append((f"{s}/ridge+kscale", "ridge", s))
+            extra.append((f"{s}/ridge+kscale", "ridge", s, None))
     systems += extra
     L = model.config.num_hidden_layers
     window = getattr(model.config, "sliding_window", None)
@@ -313,18 +327,26 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
                        "depths": case.depths, "spans": case.spans, "needle_in_filled_rows": case.needle_in_filled_rows(),
                        "keys": case.keys, "asked": case.asked, "answer": case.answer, "results": {}}
                 kept = {}
-                for name, mode, s in systems:
+                for name, mode, s, sel in systems:
                     hook = None
-                    if "+" in name:
+                    if "+" in name and sel is None:
                         comp = name.split("+", 1)[1]
                         hook = (key_scale_hook(key_scales[s], s) if comp == "kscale"
                                 else splice_hook({l: kept[l] for l in range(s + 1, L)}, comp))
                     # the exact K/V, taken before decoding (which crops and extends the cache)
                     keep = ((lambda r: kept.update(exact_kv(r.cache, range(min(splits) + 1, L))))
                             if name == "exact" and splices else None)
+                    chosen = []
+                    if sel is not None:
+                        keep = lambda r: chosen.extend(r.selected.tolist())  # noqa: E731
                     ans = answer_case(model, tokenizer, case, mode=mode, maps=maps_by_split.get(s), split=s,
-                                      max_new_tokens=max_new_tokens, kv_hook=hook, on_prefill=keep)
+                                      max_new_tokens=max_new_tokens, kv_hook=hook, on_prefill=keep, select=sel)
                     rec["results"][name] = {"output": ans, "score": score_answer(ans, case.answer)}
+                    if sel is not None:
+                        start, end = case.spans[case.asked]
+                        rec["results"][name].update(
+                            selected=len(chosen), select=str(sel),
+                            needle_hit=len(set(chosen) & set(range(start, end))) / (end - start))
                 records.append(rec)
                 if progress:
                     progress(f"{variant} {n} trial {t + 1}/{trials}: " + " ".join(
