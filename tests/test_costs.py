@@ -189,6 +189,20 @@ def test_bench_report(tmp_path):
     assert "meas/ideal" in table and "calib tok/s" in table and "ok" in table and "per layer" in table
 
 
+def test_bench_with_row_selection(capsys):
+    from ridgefill.fill import Select
+
+    cfg = BenchConfig(model="tiny-random", lengths=(96,), split=2, tail=16, repeats=2, warmup=0,
+                      select=Select(budget=8, before=1, after=2))
+    r = bench(cfg, progress=False)["rows"][0]
+    assert r["sel_rows"] == 8 and len(r["sel_s_all"]) == 2
+    assert r["sel_ideal"] < r["ideal"]  # the chosen rows and the second pass cost FLOPs
+    assert r["sel_measured_over_ideal"] == pytest.approx(r["sel_ratio"] / r["sel_ideal"])
+    assert main(["bench", "--model", "tiny-random", "--lengths", "64", "--split", "1", "--tail", "8", "--repeats",
+                 "1", "--warmup", "0", "--select", "budget=4"]) == 0
+    assert "with row selection" in capsys.readouterr().out
+
+
 def test_bench_command_line(capsys):
     code = main(["bench", "--model", "tiny-random", "--lengths", "48", "--split", "1", "--tail", "8",
                  "--repeats", "1", "--warmup", "0"])

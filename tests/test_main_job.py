@@ -13,14 +13,14 @@ from ridgefill.run import RunConfig, format_table, run
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     cfg = RunConfig(split=15, tail=128, calib_tokens=8192, chunk=512, docs=1, doc_tokens=768, gen_tokens=8,
-                    repeats=1, out=str(out))
+                    repeats=1, out=str(out), needle_trials=2)
     return run(cfg, progress=False), out
 
 
 def test_main_job_figures_are_finite_and_plausible(report):
     rep, out = report
     modes = rep["modes"]
-    assert set(modes) == {"exact", "ridge", "identity", "none"}
+    assert list(modes) == ["exact", "ridge", "ridge+sel", "centred", "identity", "none"]
     for r in modes.values():
         assert math.isfinite(r["nll"]) and r["prefill_seconds"] > 0 and 0 <= r["agreement"] <= 1
     assert 1.5 < modes["exact"]["nll"] < 6.0  # SmolLM2 on Austen: perplexity ~25 -> ~3.2 nats
@@ -30,6 +30,11 @@ def test_main_job_figures_are_finite_and_plausible(report):
     assert modes["none"]["delta_nll"] > 0.05
     assert rep["calibration_tokens"] == 8192 and len(rep["lambdas"]) == 30 - 15 - 1
     assert rep["scored_tokens_per_mode"] == 128
+    # selection: a few more exact rows (within the default budget), none for the other systems
+    assert 0 < modes["ridge+sel"]["extra_exact_rows_share"] <= 0.025
+    assert all(modes[m]["extra_exact_rows_share"] == 0 for m in modes if m != "ridge+sel")
+    assert all(modes[m]["needle_score"] in (0.0, 50.0, 100.0) for m in modes) and rep["needle_trials"] == 2
+    assert modes["exact"]["needle_score"] == 100.0  # a 768-token single needle: the exact model finds it
 
 
 def test_main_job_writes_report_and_maps(report):
@@ -38,8 +43,9 @@ def test_main_job_writes_report_and_maps(report):
     assert on_disk["modes"]["ridge"]["nll"] == rep["modes"]["ridge"]["nll"]
     assert (out / "maps-S15.safetensors").is_file()
     table = format_table(rep)
-    for mode in ("exact", "ridge", "identity", "none"):
+    for mode in ("exact", "ridge", "ridge+sel", "centred", "identity", "none"):
         assert mode in table
+    assert "needle" in table and "extra rows" in table
 
 
 def test_cli_errors_exit_2_with_a_clear_message(tmp_path, capsys):

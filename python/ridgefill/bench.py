@@ -97,6 +97,7 @@ class BenchConfig:
     calibration: bool = False
     calib_chunk: int = 512
     calib_lengths: tuple[int, int] = (4096, 16384)
+    select: object = None  # a ridgefill.fill.Select: also time the fill with row selection
     json: str | None = None
     command: str = ""
 
@@ -250,13 +251,19 @@ def _load() -> float | None:
 
 
 def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3, warmup: int = 1,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, select=None) -> dict:
     """Time exact and fill prefill of ``n`` random token ids (see the module docstring).
+
+    With ``select`` (a :class:`ridgefill.fill.Select`) a third prefill, the fill with query-aware row
+    selection, is timed in the same interleaved rounds; its bound counts its chosen rows and passes
+    (:func:`ridgefill.costs.fill_cost` with ``selected``).
 
     Returns:
         A dict: ``n``, ``tail``, ``ideal``, ``exact_s``/``fill_s`` (medians) and ``*_all`` (every repeat),
         ``ratio`` (median of per-pair ``exact/fill``), ``ratios``, ``measured_over_ideal``,
-        ``exact_peak_bytes``/``fill_peak_bytes``, ``load`` (1-minute load averages before and after).
+        ``exact_peak_bytes``/``fill_peak_bytes``, ``load`` (1-minute load averages before and after);
+        with ``select`` also ``sel_s``, ``sel_ratio``, ``sel_ideal``, ``sel_measured_over_ideal``,
+        ``sel_rows`` (rows chosen).
 
     Raises:
         InputError: ``tail`` not in ``1..n-1``, ``repeats < 1`` or ``warmup < 0``.
@@ -270,6 +277,8 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     ids = torch.randint(0, model.config.vocab_size, (1, n), generator=g).to(device)
     runs = {"exact": lambda: prefill(model, ids, tail=tail, mode="exact"),
             "fill": lambda: prefill(model, ids, maps, tail=tail, mode="ridge")}
+    if select is not None:
+        runs["sel"] = lambda: prefill(model, ids, maps, tail=tail, mode="ridge", select=select)
     load_before = _load()
     for _ in range(warmup):
         for fn in runs.values():
@@ -293,7 +302,15 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     cpu_ratios = [e / f for e, f in zip(cpu["exact"], cpu["fill"]) if f > 0]
     ideal = ideal_ratio(model.config, n, maps.split, tail)
     ratio = statistics.median(ratios)
-    return {"n": n, "tail": tail, "ideal": ideal, "ratio": ratio, "measured_over_ideal": ratio / ideal,
+    extra = {}
+    if select is not None:
+        chosen = prefill(model, ids, maps, tail=tail, mode="ridge", select=select).selected.tolist()
+        sel_ideal = ideal_ratio(model.config, n, maps.split, tail, selected=chosen, rounds=select.rounds)
+        sel_ratio = statistics.median(e / f for e, f in zip(times["exact"], times["sel"]))
+        extra = {"sel_s": statistics.median(times["sel"]), "sel_s_all": times["sel"], "sel_ratio": sel_ratio,
+                 "sel_ideal": sel_ideal, "sel_measured_over_ideal": sel_ratio / sel_ideal, "sel_rows": len(chosen),
+                 "sel_peak_bytes": peaks["sel"]}
+    return {**extra, "n": n, "tail": tail, "ideal": ideal, "ratio": ratio, "measured_over_ideal": ratio / ideal,
             "ratios": ratios, "exact_s": statistics.median(times["exact"]), "fill_s": statistics.median(times["fill"]),
             "exact_s_all": times["exact"], "fill_s_all": times["fill"],
             "cpu_ratio": statistics.median(cpu_ratios) if cpu_ratios else None,
@@ -480,6 +497,7 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
         "repeats": cfg.repeats, "warmup": cfg.warmup, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "torch": torch.__version__, "load_average": None, "maps": "random (timing only)",
         "fast_path_check": check, "rows": [], "calibration": None, "complete": False,
+        "select": None if cfg.select is None else str(cfg.select),
     }
 
     def save():
@@ -492,7 +510,8 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
     for n in lengths:
         if progress:
             print(f"bench N={n} ...", file=sys.stderr, flush=True)
-        row = bench_length(model, maps, n, tail=tail, repeats=cfg.repeats, warmup=cfg.warmup, seed=cfg.seed)
+        row = bench_length(model, maps, n, tail=tail, repeats=cfg.repeats, warmup=cfg.warmup, seed=cfg.seed,
+                           select=cfg.select)
         e, f = exact_cost(shape, n), fill_cost(shape, n, split, tail)
         row.update(exact_tflop=e.flops / 1e12, fill_tflop=f.flops / 1e12,
                    exact_tflops_per_s=e.flops / 1e12 / row["exact_s"], fill_tflops_per_s=f.flops / 1e12 / row["fill_s"])
@@ -534,6 +553,12 @@ def format_table(report: dict) -> str:
     lines.append("ideal: exact/fill FLOPs (ridgefill.costs); measured: median of per-pair exact/fill wall-time ratios; "
                  "MiB: peak memory above the model (CPU: RSS, approximate); cpu-time: median per-pair ratio of process "
                  "CPU seconds (CPU only; less sensitive to other processes); load: 1-min load average before/after")
+    sel = [r for r in report["rows"] if "sel_ratio" in r]
+    if sel:
+        lines.append(f"with row selection ({report.get('select')}):")
+        lines.append(f"{'N':>7} {'rows':>6} {'ideal':>6} {'measured':>9} {'meas/ideal':>10} {'sel s':>9}")
+        lines += [f"{r['n']:>7} {r['sel_rows']:>6} {r['sel_ideal']:>6.2f} {r['sel_ratio']:>8.2f}x "
+                  f"{r['sel_measured_over_ideal']:>10.2f} {r['sel_s']:>9.3f}" for r in sel]
     steps = [(r["n"], r["map_step"]) for r in report["rows"] if r.get("map_step")]
     if steps:
         lines.append("map+K/V step of the filled rows, all late layers (s): "
@@ -568,12 +593,14 @@ def _run(args) -> None:
     cfg = BenchConfig(model=args.model, device=args.device, dtype=args.dtype, lengths=args.lengths, split=args.split,
                       tail=args.tail, repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed,
                       calibration=args.calibration, calib_chunk=args.calib_chunk,
-                      calib_lengths=args.calib_lengths, json=args.json,
+                      calib_lengths=args.calib_lengths, json=args.json, select=args.select,
                       command="ridgefill " + " ".join(sys.argv[1:]) if sys.argv else "ridgefill bench")
     print(format_table(bench(cfg)))
 
 
 def add_subcommand(subparsers) -> argparse.ArgumentParser:
+    from .cli import SELECT_HELP, parse_select
+
     """Register ``ridgefill bench`` on ``subparsers``; the parser's ``func`` runs it."""
     p = subparsers.add_parser("bench", help="time exact vs fill prefill at several lengths, with the ideal ratio",
                               description=__doc__.split("\n\n")[0])
@@ -593,6 +620,8 @@ def add_subcommand(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--calib-chunk", type=int, default=512, help="calibration chunk length (default 512)")
     p.add_argument("--calib-lengths", type=_lengths, default=(4096, 16384),
                    help="two or more calibration text lengths in tokens (default 4k,16k)")
+    p.add_argument("--select", type=parse_select, default=None, help="also time the fill with " + SELECT_HELP
+                   + " (default off)")
     p.add_argument("--json", default=None, help="also write the report to this JSON file")
     p.set_defaults(func=_run)
     return p

@@ -28,6 +28,22 @@ def parse_lam(value: str) -> float | str:
         raise argparse.ArgumentTypeError(f"λ must be a number or 'auto', got {value!r}") from None
 
 
+def parse_select(value: str):
+    """argparse type of ``--select``: ``'on'``, ``'off'`` or ``key=value`` pairs (:meth:`ridgefill.fill.Select.parse`)."""
+    from .errors import InputError
+    from .fill import Select
+
+    try:
+        return Select.parse(value)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+SELECT_HELP = ("query-aware row selection: 'on' (the default selection), 'off', or key=value pairs such as "
+               "'budget=0.025,before=2,after=12,queries=1,heads=max,rounds=1,sink=1' (budget: a share of the "
+               "prompt < 1, or rows)")
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="'smollm2' (default, the bundled SmolLM2-135M-Instruct), a local Hugging Face model "
@@ -55,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=d.repeats, help=f"timed prefill repeats per mode (default {d.repeats})")
     p.add_argument("--out", default=d.out, help=f"output folder for maps and report.json (default {d.out})")
     p.add_argument("--maps", default=None, help="maps file to reuse, or to create if it does not exist (a file that does not fit the run is an error, never replaced; default <out>/maps-S<split>.safetensors, which is refitted when it does not fit)")
+    p.add_argument("--select", type=parse_select, default=d.select, help=SELECT_HELP + "; the ridge+sel row "
+                   "(default 'on')")
+    p.add_argument("--needle-trials", type=int, default=d.needle_trials,
+                   help=f"filled-region single-needle prompts per system (default {d.needle_trials}; 0: no needle column)")
 
     p = sub.add_parser("calibrate", help="fit maps on calibration text and save them")
     _model_args(p)
@@ -76,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tail", type=int, default=d.tail)
     p.add_argument("--split", type=int, default=None, help="split for identity/none without maps")
     p.add_argument("--mode", default="ridge", choices=["ridge", "centred", "identity", "none", "exact"])
+    p.add_argument("--select", type=parse_select, default=None, help=SELECT_HELP + " (default off)")
     p.add_argument("--max-new-tokens", type=int, default=64)
 
     for module in EXTRA_SUBCOMMANDS:
@@ -90,7 +111,8 @@ def _cmd_run(a) -> None:
 
     cfg = RunConfig(model=a.model, split=a.split, tail=a.tail, calib_tokens=a.calib_tokens, chunk=a.chunk,
                     lam=a.lam, docs=a.docs, doc_tokens=a.doc_tokens, gen_tokens=a.gen_tokens,
-                    repeats=a.repeats, out=a.out, maps=a.maps, threads=a.threads)
+                    repeats=a.repeats, out=a.out, maps=a.maps, threads=a.threads, select=a.select,
+                    needle_trials=a.needle_trials)
     report = run(cfg)
     print(format_table(report))
     print(f"report: {Path(cfg.out) / 'report.json'}   maps: {report['maps_path']}")
@@ -140,7 +162,7 @@ def _cmd_generate(a) -> None:
     if not prompt.strip():
         raise InputError(f"the prompt file {a.prompt_file!r} is empty: put the prompt text in it")
     ids = torch.tensor([tok(prompt, add_special_tokens=True)["input_ids"]])
-    res = prefill(model, ids, maps, tail=min(a.tail, ids.shape[1]), mode=a.mode, split=a.split)
+    res = prefill(model, ids, maps, tail=min(a.tail, ids.shape[1]), mode=a.mode, split=a.split, select=a.select)
     new = generate_after(model, ids, res, a.max_new_tokens)
     print(tok.decode(new[0], skip_special_tokens=True))
 

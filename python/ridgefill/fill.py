@@ -199,6 +199,11 @@ class Select:
         return cls(**kwargs)
 
 
+#: The selection ``ridgefill run`` and the evaluation commands use by default (chosen from the
+#: measurements in docs/evaluate.md, "Row selection").
+DEFAULT_SELECT = Select(heads="max")
+
+
 def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int) -> Tensor:
     """The extra exact rows: best-scoring candidates, each widened, until ``budget`` rows.
 

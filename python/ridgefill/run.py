@@ -9,7 +9,15 @@ the last ``tail`` rows are exact. Reported per mode:
 - agreement: fraction of the first ``gen_tokens`` greedy continuation tokens equal to exact's, and the
   length of the common prefix;
 - prefill seconds: median over ``repeats`` timed prefills (last-row logits only), all modes
-  interleaved in the same run after a warm-up; ratio: median over repeats of exact/mode.
+  interleaved in the same run after a warm-up; ratio: median over repeats of exact/mode;
+- needle: filled-region single-needle retrieval (:mod:`ridgefill.evaluate.needles`), percent of
+  ``needle_trials`` prompts of ``doc_tokens`` tokens with a 64-row exact tail, the needle at evenly
+  spread depths inside the filled rows. The all-token NLL hides what the fill forgets; this column
+  shows it.
+
+Systems: every mode of :data:`ridgefill.fill.MODES`, plus ``ridge+sel``: the ridge fill with the
+default query-aware row selection (:data:`ridgefill.fill.DEFAULT_SELECT`), which makes a few more rows
+exact (reported as ``extra rows``, a share of the prompt).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from tqdm.auto import tqdm
 from .calibrate import special_prefix
 from .errors import InputError, MapsFormatError, MapsMismatchError
 from .fileio import write_json
-from .fill import MODES, generate_after, prefill
+from .fill import DEFAULT_SELECT, MODES, Select, generate_after, prefill
 from .maps import RidgeMaps, load_maps
 
 
@@ -52,6 +60,17 @@ class RunConfig:
     threads: int | None = None
     seed: int = 0
     modes: tuple[str, ...] = MODES
+    select: Select | None = DEFAULT_SELECT
+    needle_trials: int = 4
+    needle_tail: int = 64
+
+    def systems(self) -> list[tuple[str, str, Select | None]]:
+        """``(name, mode, select)`` of every system the job compares: the modes, then ``ridge+sel``."""
+        out = [(m, m, None) for m in self.modes]
+        if self.select is not None:
+            out.insert(out.index(("ridge", "ridge", None)) + 1 if "ridge" in self.modes else len(out),
+                       ("ridge+sel", "ridge", self.select))
+        return out
 
 
 def evaluation_documents(tokenizer, texts: dict[str, str], docs: int, doc_tokens: int) -> list[torch.Tensor]:
@@ -84,9 +103,9 @@ def exact_row_nll(logits: torch.Tensor, doc: torch.Tensor, positions: torch.Tens
     return -logp.gather(1, targets[:, None])[:, 0]
 
 
-def _timed_prefill(model, ids, maps, mode, tail, split) -> float:
+def _timed_prefill(model, ids, maps, mode, tail, split, select=None) -> float:
     t0 = time.perf_counter()
-    prefill(model, ids, maps, tail=tail, mode=mode, split=split)
+    prefill(model, ids, maps, tail=tail, mode=mode, split=split, select=select)
     return time.perf_counter() - t0
 
 
@@ -161,46 +180,55 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
     t0 = time.perf_counter()
     maps, maps_path, fresh = get_maps(model, tok, name, cfg, progress)
     calib_s = time.perf_counter() - t0
-    nll = {m: [] for m in cfg.modes}
-    agree = {m: [] for m in cfg.modes}
-    prefix = {m: [] for m in cfg.modes}
-    times = {m: [] for m in cfg.modes}
-    bar = tqdm(total=len(docs) * len(cfg.modes) + cfg.repeats + 1, desc="evaluate", unit="step",
+    systems = cfg.systems()
+    names = [name for name, _, _ in systems]
+    nll = {m: [] for m in names}
+    agree = {m: [] for m in names}
+    prefix = {m: [] for m in names}
+    times = {m: [] for m in names}
+    extra_rows = {m: [] for m in names}
+    bar = tqdm(total=len(docs) * len(systems) + cfg.repeats + 1 + cfg.needle_trials, desc="evaluate", unit="step",
                disable=not progress)
     for doc in docs:
         ids = doc[None, :-1]
         conts = {}
-        for mode in cfg.modes:
-            res = prefill(model, ids, maps, tail=cfg.tail, mode=mode, split=cfg.split, logits="exact")
-            nll[mode].append(exact_row_nll(res.logits, doc, res.exact_positions))
-            conts[mode] = generate_after(model, ids, res, cfg.gen_tokens)[0]
+        for name, mode, sel in systems:
+            res = prefill(model, ids, maps, tail=cfg.tail, mode=mode, split=cfg.split, logits="exact", select=sel)
+            # scored on the tail rows only: the same tokens for every system (selection adds exact rows)
+            nll[name].append(exact_row_nll(res.logits[:, -cfg.tail:], doc, res.exact_positions[-cfg.tail:]))
+            if res.selected is not None:
+                extra_rows[name].append(res.selected.numel() / ids.shape[1])
+            conts[name] = generate_after(model, ids, res, cfg.gen_tokens)[0]
             bar.update()
-        for mode in cfg.modes:
-            same = (conts[mode] == conts["exact"]).double()
-            agree[mode].append(float(same.mean()))
-            prefix[mode].append(int(same.cumprod(0).sum()))
-    # timing: warm-up, then repeats with every mode interleaved, on the first document
+        for name in names:
+            same = (conts[name] == conts["exact"]).double()
+            agree[name].append(float(same.mean()))
+            prefix[name].append(int(same.cumprod(0).sum()))
+    needle = _needle_column(model, tok, maps, cfg, systems, texts, bar)
+    # timing: warm-up, then repeats with every system interleaved, on the first document
     ids = docs[0][None, :-1]
-    for mode in cfg.modes:
-        _timed_prefill(model, ids, maps, mode, cfg.tail, cfg.split)
+    for _, mode, sel in systems:
+        _timed_prefill(model, ids, maps, mode, cfg.tail, cfg.split, sel)
     bar.update()
     for _ in range(cfg.repeats):
-        for mode in cfg.modes:
-            times[mode].append(_timed_prefill(model, ids, maps, mode, cfg.tail, cfg.split))
+        for name, mode, sel in systems:
+            times[name].append(_timed_prefill(model, ids, maps, mode, cfg.tail, cfg.split, sel))
         bar.update()
     bar.close()
 
     exact_nll = torch.cat(nll["exact"]).mean().item() if "exact" in nll else math.nan
     per_mode = {}
-    for mode in cfg.modes:
-        mean = torch.cat(nll[mode]).mean().item()
-        per_mode[mode] = {
+    for name in names:
+        mean = torch.cat(nll[name]).mean().item()
+        per_mode[name] = {
             "nll": mean, "delta_nll": mean - exact_nll,
-            "nll_per_doc": [float(v.mean()) for v in nll[mode]],
-            "agreement": statistics.fmean(agree[mode]), "common_prefix_tokens": prefix[mode],
-            "prefill_seconds": statistics.median(times[mode]), "prefill_seconds_all": times[mode],
+            "nll_per_doc": [float(v.mean()) for v in nll[name]],
+            "agreement": statistics.fmean(agree[name]), "common_prefix_tokens": prefix[name],
+            "prefill_seconds": statistics.median(times[name]), "prefill_seconds_all": times[name],
             "ratio_exact_over_mode": statistics.median(
-                [e / t for e, t in zip(times["exact"], times[mode])]) if "exact" in times else None,
+                [e / t for e, t in zip(times["exact"], times[name])]) if "exact" in times else None,
+            "extra_exact_rows_share": statistics.fmean(extra_rows[name]) if extra_rows[name] else 0.0,
+            "needle_score": needle.get(name),
         }
     report = {
         "model": name, "model_hash": maps.meta.get("model_hash"), "num_layers": L, "split": cfg.split,
@@ -213,6 +241,8 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
         "lambdas": maps.lambdas, "heldout_rel_error": maps.meta.get("heldout_rel_error"),
         "heldout_rel_error_identity": maps.meta.get("heldout_rel_error_identity"),
         "text_sha256": maps.meta.get("text_sha256"), "modes": per_mode,
+        "select": None if cfg.select is None else str(cfg.select), "needle_trials": cfg.needle_trials,
+        "needle_tail": cfg.needle_tail,
         "threads": torch.get_num_threads(), "machine": platform.machine(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "wall_seconds": time.perf_counter() - t_start,
@@ -221,16 +251,45 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
     return report
 
 
+def _needle_column(model, tok, maps, cfg: RunConfig, systems, texts, bar) -> dict[str, float]:
+    """Percent of ``cfg.needle_trials`` single-needle prompts (``doc_tokens`` tokens, needle at evenly
+    spread depths of the filled rows, ``cfg.needle_tail`` exact rows) each system answers."""
+    from .assets import EVALUATION_BOOKS
+    from .evaluate.needles import answer_case, case_rng, haystack_sentences, make_case, score_answer
+
+    if cfg.needle_trials == 0:
+        return {}
+    sentences = haystack_sentences({k: texts[k] for k in EVALUATION_BOOKS})
+    hits = {name: 0 for name, _, _ in systems}
+    for t in range(cfg.needle_trials):
+        case = make_case(tok, sentences, length=cfg.doc_tokens, tail=cfg.needle_tail, variant="single",
+                         rng=case_rng(cfg.seed, "single", cfg.doc_tokens, t),
+                         depth=(t + 0.5) / cfg.needle_trials * 0.9 + 0.05)
+        for name, mode, sel in systems:
+            ans = answer_case(model, tok, case, mode=mode, maps=maps, split=cfg.split, select=sel)
+            hits[name] += score_answer(ans, case.answer) > 0
+        bar.update()
+    return {name: 100.0 * h / cfg.needle_trials for name, h in hits.items()}
+
+
 def format_table(report: dict) -> str:
     """The report as a plain-text table (what ``ridgefill run`` prints)."""
     lines = [f"{report['model']}  S={report['split']}/{report['num_layers']}  tail={report['tail']}  "
              f"docs={report['documents']}x{report['doc_tokens']} tokens  "
              f"calibration={report['calibration_tokens']} tokens  λ={report['lambda_spec']}",
-             f"{'mode':<9}{'NLL':>8}{'ΔNLL':>9}{'agree':>8}{'prefix':>8}{'prefill s':>11}{'exact/mode':>12}"]
+             f"{'mode':<10}{'NLL':>8}{'ΔNLL':>9}{'agree':>8}{'prefix':>8}{'prefill s':>11}{'exact/mode':>12}"
+             f"{'extra rows':>12}{'needle':>8}"]
     for mode, r in report["modes"].items():
         ratio = "" if r["ratio_exact_over_mode"] is None else f"{r['ratio_exact_over_mode']:.2f}x"
-        lines.append(f"{mode:<9}{r['nll']:>8.3f}{r['delta_nll']:>+9.3f}{r['agreement']:>8.2f}"
-                     f"{statistics.fmean(r['common_prefix_tokens']):>8.1f}{r['prefill_seconds']:>11.3f}{ratio:>12}")
-    lines.append("NLL, ΔNLL: nats/token over the exact rows; agree: greedy tokens equal to exact's; prefix: "
-                 "mean common-prefix length; exact/mode: median ratio of interleaved prefill times")
+        needle = "" if r.get("needle_score") is None else f"{r['needle_score']:.0f}%"
+        lines.append(f"{mode:<10}{r['nll']:>8.3f}{r['delta_nll']:>+9.3f}{r['agreement']:>8.2f}"
+                     f"{statistics.fmean(r['common_prefix_tokens']):>8.1f}{r['prefill_seconds']:>11.3f}{ratio:>12}"
+                     f"{100 * r.get('extra_exact_rows_share', 0.0):>11.1f}%{needle:>8}")
+    lines.append("NLL, ΔNLL: nats/token over the tail rows; agree: greedy tokens equal to exact's; prefix: "
+                 "mean common-prefix length; exact/mode: median ratio of interleaved prefill times; extra rows: "
+                 "rows made exact by selection, share of the prompt")
+    if report.get("needle_trials"):
+        lines.append(f"needle: filled-region single needles answered, of {report['needle_trials']} prompts of "
+                     f"{report['doc_tokens']} tokens with a {report.get('needle_tail')}-row exact tail"
+                     + (f"; ridge+sel: {report['select']}" if report.get("select") else ""))
     return "\n".join(lines)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..calibrate import special_prefix
-from ..cli import parse_lam
+from ..cli import SELECT_HELP, parse_lam, parse_select
 from ..errors import InputError
 
 
@@ -55,19 +55,9 @@ def _lam_factors(text: str) -> list[float]:
     return out
 
 
-def _select(text: str):
-    from ..fill import Select
-
-    try:
-        return Select.parse(text)
-    except InputError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def _select_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--select", type=_select, action="append", default=[], help="also answer with query-aware "
-                   "row selection: 'on' (defaults) or key=value pairs such as 'budget=0.025,before=2,after=12,"
-                   "queries=1,heads=sum,rounds=1,sink=1' (repeatable: one system each)")
+    p.add_argument("--select", type=parse_select, action="append", default=[], help="also answer with "
+                   + SELECT_HELP + " (repeatable: one system each)")
     p.add_argument("--select-modes", type=_words, default=["ridge"], help="fill modes run with each --select "
                    "(default ridge; also centred, identity)")
 
