@@ -171,3 +171,20 @@ def test_ordering_ridge_identity_none_on_a_constructed_model():
     err = {k: max(abs(a - b) for a, b in zip(recs[0].fill[k], recs[0].exact)) for k in recs[0].fill}
     assert err["2/ridge"] < 1e-3 < err["2/identity"] < err["2/none"] / 3
     assert delta["2/ridge"] < delta["2/none"]
+
+
+def test_selection_variants_score_the_tail_only():
+    """A selection whose budget covers every filled row makes the identity fill exact; the tail is still
+    the only scored part (the chosen rows add no scored tokens)."""
+    from ridgefill.fill import Select
+
+    model = tiny_llama(seed=11)
+    doc = torch.randint(0, 101, (49,), generator=torch.Generator().manual_seed(5))
+    variants = fill_variants(model, {S: None}, ["identity"], tail=8, selects=[Select(budget=1000), Select(budget=4)],
+                             select_modes=["identity"])
+    assert list(variants) == ["2/identity", "2/identity+sel0", "2/identity+sel1"]
+    recs = score_documents(model, [doc], ["plain"], tail=8, window=4, variants=variants)
+    fill, exact = recs[0].fill, recs[0].exact
+    assert all(len(v) == 8 for v in fill.values())
+    assert max(abs(a - b) for a, b in zip(fill["2/identity+sel0"], exact)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(fill["2/identity"], exact)) > 1e-3

@@ -117,6 +117,7 @@ def add_subcommand(subparsers) -> None:
     _loss_args(p, 8, 8)
     p.add_argument("--modes", type=_words, default=["ridge", "identity", "none"])
     p.add_argument("--splits", type=_ints, default=None, help="fill splits (default L/2)")
+    _select_args(p)
     p.set_defaults(func=_cmd_loss)
 
     p = sub.add_parser("splice", help="fill with exact K, V or key scale spliced into the late layers")
@@ -139,6 +140,7 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--modes", type=_words, default=["ridge", "identity", "none"])
     p.add_argument("--needle-length", type=int, default=2048, help="needle context length (default 2048)")
     p.add_argument("--needle-trials", type=int, default=8, help="single-needle trials per split (default 8; 0 skips)")
+    _select_args(p)
     p.set_defaults(func=_cmd_depth)
 
     p = subparsers.add_parser("report", help="turn eval JSON files into a markdown report with PNG plots")
@@ -304,11 +306,14 @@ def _cmd_loss(a) -> None:
     report = _header(a, name, model, "loss")
     report.update(_loss_header(a, model))
     docs, sets, info = _documents(a, tok)
-    maps = _maps(a, model, tok, name, splits, "ridge" in a.modes)
+    selects = [s for s in a.select if s is not None]
+    maps = _maps(a, model, tok, name, splits, {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else [])))
     recs = score_documents(model, docs, sets, tail=a.tail, window=a.window,
-                           variants=fill_variants(model, maps, a.modes, tail=a.tail),
+                           variants=fill_variants(model, maps, a.modes, tail=a.tail, selects=selects,
+                                                  select_modes=a.select_modes),
                            prefix_tokens=len(special_prefix(tok)), progress=lambda m: _say(a, m))
     report.update({"splits": splits, "modes": a.modes, "document_sets": info, "maps": _maps_meta(maps),
+                   "selects": [str(s) for s in selects], "select_modes": a.select_modes,
                    "key_tokens": key_token_stats(recs, a.tau),
                    "summary": summarise(recs, tau=a.tau, resamples=a.resamples, seed=a.seed),
                    "documents": [asdict(r) for r in recs]})
@@ -360,13 +365,15 @@ def _cmd_depth(a) -> None:
     report = _header(a, name, model, "depth")
     report.update(_loss_header(a, model))
     docs, sets, info = _documents(a, tok)
-    maps = _maps(a, model, tok, name, splits, "ridge" in a.modes)
+    selects = [s for s in a.select if s is not None]
+    maps = _maps(a, model, tok, name, splits, {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else [])))
     sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
     res = run_depth(model, tok, maps, docs=docs, sets=sets, sentences=sentences, tail=a.tail, window=a.window,
                     tau=a.tau, needle_length=a.needle_length, needle_trials=a.needle_trials,
                     needle_tail=a.needle_tail, modes=a.modes, seed=a.seed, chat=a.chat, resamples=a.resamples,
-                    progress=lambda m: _say(a, m))
+                    progress=lambda m: _say(a, m), selects=selects, select_modes=a.select_modes)
     report.update({"depths": [str(d) for d in depths], "splits": splits, "modes": a.modes,
+                   "selects": [str(s) for s in selects], "select_modes": a.select_modes,
                    "needle_length": a.needle_length, "needle_tail": a.needle_tail, "chat": a.chat,
                    "document_sets": info, "maps": _maps_meta(maps), **res})
     _finish(a, report, t0, "depth.json")

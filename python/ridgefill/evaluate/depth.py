@@ -79,6 +79,9 @@ def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: 
                         and maps.meta.get("lambda_spec") == str(lam) and maps.meta.get("chunk") == chunk):
                     if stats_path(path).exists():  # keep the statistics for re-solving with another λ
                         maps.stats = load_stats(stats_path(path))[0]
+                        if maps.mean_h is None:  # files from before the means were stored
+                            mean_h, mean_x = maps.stats.means()
+                            maps.mean_h, maps.mean_x = mean_h.float(), mean_x.float()
                     result[split] = maps
                     continue
             except (MapsFormatError, MapsMismatchError) as e:
@@ -98,9 +101,11 @@ def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: 
 def run_depth(model: torch.nn.Module, tokenizer, maps_by_split: dict[int, RidgeMaps], *, docs, sets,
               sentences, tail: int, window: int, tau: float, needle_length: int, needle_trials: int,
               needle_tail: int, modes: Sequence[str] = ("ridge", "identity", "none"), seed: int = 0,
-              chat: bool = False, resamples: int = 10000, progress=None) -> dict:
+              chat: bool = False, resamples: int = 10000, progress=None, selects: Sequence = (),
+              select_modes: Sequence[str] = ("ridge",)) -> dict:
     """The seed's table: key-token (and all/novel) ΔNLL vs exact per split and mode, and filled-region
-    single-needle retrieval per split and mode at one context length.
+    single-needle retrieval per split and mode at one context length; ``selects`` (each a
+    :class:`ridgefill.fill.Select`) add the systems ``"<S>/<mode>+sel"`` for every mode in ``select_modes``.
 
     Returns:
         ``{"loss": {...}, "needles": {...}}`` (see :func:`ridgefill.evaluate.loss.summarise` and
@@ -114,7 +119,8 @@ def run_depth(model: torch.nn.Module, tokenizer, maps_by_split: dict[int, RidgeM
 
     splits = sorted(maps_by_split)
     records = score_documents(model, docs, sets, tail=tail, window=window,
-                              variants=fill_variants(model, maps_by_split, modes, tail=tail),
+                              variants=fill_variants(model, maps_by_split, modes, tail=tail, selects=selects,
+                                                     select_modes=select_modes),
                               prefix_tokens=len(special_prefix(tokenizer)), progress=progress)
     loss = {"summary": summarise(records, tau=tau, resamples=resamples, seed=seed),
             "key_tokens": key_token_stats(records, tau), "documents": [asdict(r) for r in records]}
@@ -122,5 +128,6 @@ def run_depth(model: torch.nn.Module, tokenizer, maps_by_split: dict[int, RidgeM
     if needle_trials:
         needles = run_needles(model, tokenizer, sentences, lengths=[needle_length], trials=needle_trials,
                               variants=["single"], modes=["exact", *modes], maps_by_split=maps_by_split,
-                              splits=splits, tail=needle_tail, seed=seed, chat=chat, progress=progress)
+                              splits=splits, tail=needle_tail, seed=seed, chat=chat, progress=progress,
+                              selects=selects, select_modes=select_modes)
     return {"loss": loss, "needles": needles}

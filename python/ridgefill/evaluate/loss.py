@@ -304,17 +304,20 @@ class DocScores:
 
 
 def tail_nll(model: torch.nn.Module, doc: Tensor, *, tail: int, mode: str, maps=None, split: int | None = None,
-             kv_hook=None) -> tuple[Tensor, Tensor, object]:
-    """Prefill ``doc[:-1]`` (``N`` rows) with ``mode`` and score the exact tail.
+             kv_hook=None, select=None) -> tuple[Tensor, Tensor, object]:
+    """Prefill ``doc[:-1]`` (``N`` rows) with ``mode`` (and row selection ``select``, a
+    :class:`ridgefill.fill.Select`) and score the exact tail (the last ``T`` rows; rows made exact by
+    selection are not scored, so every system scores the same tokens).
 
     Returns:
         ``(nll [T] float64 nats, positions [T] int64, PrefillResult)``.
     """
     device = next(model.parameters()).device
     ids = doc[None, :-1].to(device)
-    res = prefill(model, ids, maps, tail=tail, mode=mode, split=split, logits="exact", kv_hook=kv_hook)
-    pos = res.exact_positions.cpu()
-    return token_nll(res.logits[0], doc[pos + 1]), pos, res
+    res = prefill(model, ids, maps, tail=tail, mode=mode, split=split, logits="exact", kv_hook=kv_hook,
+                  select=select)
+    pos = res.exact_positions[-tail:].cpu()
+    return token_nll(res.logits[0, -tail:], doc[pos + 1]), pos, res
 
 
 def score_documents(model: torch.nn.Module, docs: Sequence[Tensor], sets: Sequence[str], *, tail: int,
@@ -347,18 +350,23 @@ def score_documents(model: torch.nn.Module, docs: Sequence[Tensor], sets: Sequen
 
 
 def fill_variants(model: torch.nn.Module, maps_by_split: Mapping[int, object], modes: Sequence[str], *,
-                  tail: int) -> dict[str, Callable[[Tensor], Tensor]]:
-    """``{"<S>/<mode>": fn(doc, exact) -> nll [T]}`` for every split and fill mode (``ridge`` needs maps)."""
+                  tail: int, selects: Sequence = (), select_modes: Sequence[str] = ("ridge",)
+                  ) -> dict[str, Callable[[Tensor], Tensor]]:
+    """``{"<S>/<mode>": fn(doc, exact) -> nll [T]}`` for every split and fill mode (``ridge`` and
+    ``centred`` need maps), then ``"<S>/<mode>+sel"`` (``+sel<i>`` for several) for every
+    :class:`ridgefill.fill.Select` in ``selects`` and mode in ``select_modes``."""
     out = {}
+    systems = [(mode, None, "") for mode in modes if mode != "exact"]
+    systems += [(mode, sel, "+sel" + (str(i) if len(selects) > 1 else ""))
+                for mode in (select_modes if selects else ()) for i, sel in enumerate(selects)]
     for split, maps in maps_by_split.items():
-        for mode in modes:
-            if mode == "exact":
-                continue
-            if mode == "ridge" and maps is None:
-                raise InputError(f"mode 'ridge' at split {split} needs maps")
-            out[f"{split}/{mode}"] = (lambda doc, _exact, s=split, m=mode, mp=maps:
-                                      tail_nll(model, doc, tail=tail, mode=m, maps=mp if m == "ridge" else None,
-                                               split=s)[0])
+        for mode, sel, suffix in systems:
+            if mode in ("ridge", "centred") and maps is None:
+                raise InputError(f"mode {mode!r} at split {split} needs maps")
+            out[f"{split}/{mode}{suffix}"] = (
+                lambda doc, _exact, s=split, m=mode, mp=maps, sl=sel:
+                tail_nll(model, doc, tail=tail, mode=m, maps=mp if m in ("ridge", "centred") else None, split=s,
+                         select=sl)[0])
     return out
 
 
