@@ -207,3 +207,56 @@ def test_decode_step_after_full_tail_equals_exact_decoding(name, ids):
         whole = model(torch.cat([ids, nxt], 1)).logits[:, -1:]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     torch.testing.assert_close(want, whole, rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# The model type is checked before loading
+# ------------------------------------------------------------------------------------------------
+
+def test_unsupported_directory_is_refused_before_loading(tmp_path):
+    """A config of an unsupported type is refused from config.json alone (there are no weights to load)."""
+    from ridgefill import UnsupportedModelError
+    from ridgefill.assets import load_model
+
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "n_layer": 2}')
+    with pytest.raises(UnsupportedModelError, match=r"'gpt2'.*supported: \[.*'phi3'.*'qwen3_moe'"):
+        load_model(tmp_path)
+
+
+def test_unsupported_gguf_is_refused_from_its_header(tmp_path):
+    """A GGUF is refused from its general.architecture key, before transformers dequantises anything."""
+    import gguf
+    from ridgefill import UnsupportedModelError
+    from ridgefill.assets import check_model_type, load_model
+
+    def write(name, arch, model_name):
+        w = gguf.GGUFWriter(str(tmp_path / name), arch)
+        w.add_name(model_name)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    write("m.gguf", "mamba", "tiny mamba")
+    with pytest.raises(UnsupportedModelError, match=r"GGUF m.gguf .*'mamba'.*supported"):
+        load_model(tmp_path / "m.gguf")
+    write("q.gguf", "qwen3moe", "tiny")
+    assert check_model_type(tmp_path, "q.gguf") == "qwen3_moe"
+    write("mi.gguf", "llama", "Mistral 7B Instruct")
+    assert check_model_type(tmp_path, "mi.gguf") == "mistral"
+
+
+def test_supported_directory_loads(tmp_path, ids):
+    from ridgefill.assets import load_model
+
+    model = build("qwen3")
+    model.save_pretrained(tmp_path)
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+                            ).save_pretrained(tmp_path)
+    loaded, _, _ = load_model(tmp_path)
+    assert type(adapter_for(loaded)) is Qwen3Adapter
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
