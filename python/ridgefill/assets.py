@@ -532,7 +532,8 @@ def _gguf_model_type(path: Path) -> str:
 
         arch, name = text("general.architecture"), text("general.name").lower()
     except (OSError, ValueError, KeyError, IndexError, ImportError) as exc:
-        raise AssetError(f"could not read the GGUF header of {path}: {type(exc).__name__}: {exc}") from exc
+        raise AssetError(f"could not load {path}: its GGUF header cannot be read ({type(exc).__name__}: "
+                         f"{exc}); check that it is a complete .gguf model file") from exc
     if not arch:
         raise AssetError(f"{path} has no general.architecture key: not a usable GGUF model file")
     if "llama" in arch and "mistral" in name:
