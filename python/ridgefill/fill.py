@@ -173,6 +173,12 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         raise InputError(f"split S={split} is out of range: this model has {L} layers, so 0 ≤ S ≤ {L - 2} "
                          "(at least one late layer)")
 
+    recurrent = adapter.recurrent_layers  # hybrid models: layers with a recurrent state, not K/V
+    if recurrent:
+        adapter.check_exact_rows(n, ex)
+        if kv_hook is not None:
+            raise InputError("kv_hook does not cover recurrent-state layers; this model has them "
+                             f"({list(recurrent)}), so splice tests are not supported on it")
     device = input_ids.device
     positions = torch.arange(n, device=device)
     filled = torch.ones(n, dtype=torch.bool, device=device)
@@ -182,13 +188,14 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     x = adapter.embed(input_ids)
     rope = adapter.rope(positions, x)
     keys, values = [], []
+    state = adapter.new_state() if recurrent else None  # recurrent layers' states, in keys[l] (values[l] None)
 
     def buffers(like_k_rows: int = n) -> tuple[Tensor, Tensor]:
         shape = (x.shape[0], adapter.num_kv_heads, like_k_rows, adapter.head_dim)
         return x.new_empty(shape), x.new_empty(shape)
 
     for layer in range(split + 1):  # lower layers: every row, exactly
-        k, v = buffers()
+        k, v = (state, None) if layer in recurrent else buffers()
         x = adapter.layer(layer, x, rope, positions, k, v)
         keys.append(k)
         values.append(v)
@@ -217,6 +224,14 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             batched_kv[1].index_copy_(3, fl, outs[1])
         del outs
     for layer in late:  # late layers
+        if layer in recurrent:  # filled rows (first) advance the state from x̂_l; exact rows continue from it
+            if mode != "none" and fl.numel():
+                adapter.advance_state(layer, predict_inputs(h_fill, *maps.layer(layer)) if mode == "ridge"
+                                      else h_fill, state)
+            x = adapter.layer(layer, x, rope_ex, ex, state, None)
+            keys.append(state)
+            values.append(None)
+            continue
         k, v = buffers() if batched_kv is None else (batched_kv[0][layer - late[0]], batched_kv[1][layer - late[0]])
         if batched_kv is not None:
             pass  # the filled rows' K/V were written by adapter.fill_kv above
@@ -294,7 +309,27 @@ def generate_after(model: torch.nn.Module, input_ids: Tensor, result: PrefillRes
                              f"{entry.keys.shape[-2]} rows, fewer than the min({seq}, {window}) that decoding "
                              "needs. Mode 'none' with tail < sliding_window leaves late sliding layers with the "
                              "exact rows only: use tail >= sliding_window or another mode")
+    if any(hasattr(entry, "recurrent_states") for entry in cache.layers):
+        return _generate_after_recurrent(model, input_ids, result, max_new_tokens)
     cache.crop(-1)
     out = model.generate(input_ids, cache=cache, max_new_tokens=max_new_tokens, do_sample=False,
                          min_new_tokens=max_new_tokens, pad_token_id=model.config.eos_token_id)
+    return out[:, input_ids.shape[1]:]
+
+
+def _generate_after_recurrent(model: torch.nn.Module, input_ids: Tensor, result: PrefillResult,
+                              max_new_tokens: int) -> Tensor:
+    """:func:`generate_after` for caches with recurrent states (hybrid models), which cannot be cropped
+    by a row: the first new token is the greedy choice from the prefill's own logits of the last
+    (exact) row, with end-of-sequence tokens excluded as ``min_new_tokens`` excludes them in
+    ``generate``; ``generate`` then continues from the cache, which covers the whole prompt."""
+    logits = result.logits[:, -1].clone()
+    eos = model.generation_config.eos_token_id
+    if eos is not None:
+        logits[:, torch.as_tensor(eos, device=logits.device).flatten()] = float("-inf")
+    first = logits.argmax(-1, keepdim=True)
+    if max_new_tokens <= 1:
+        return first[:, :max_new_tokens]
+    out = model.generate(torch.cat([input_ids, first], 1), cache=result.cache, max_new_tokens=max_new_tokens - 1,
+                         do_sample=False, min_new_tokens=max_new_tokens - 1, pad_token_id=model.config.eos_token_id)
     return out[:, input_ids.shape[1]:]

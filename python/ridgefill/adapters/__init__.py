@@ -8,10 +8,11 @@ from ..errors import UnsupportedModelError
 from .base import DecoderAdapter, Rope, RopeByType, apply_rope
 from .families import MistralAdapter, Phi3Adapter, Qwen2Adapter, Qwen3Adapter
 from .gemma3 import Gemma3Adapter
+from .hybrid import HybridAdapter
 from .llama import LlamaAdapter
 
 ADAPTERS: tuple[type[DecoderAdapter], ...] = (LlamaAdapter, Gemma3Adapter, Qwen2Adapter, Qwen3Adapter,
-                                              MistralAdapter, Phi3Adapter)
+                                              MistralAdapter, Phi3Adapter, HybridAdapter)
 
 
 def supported_model_types() -> list[str]:
@@ -40,5 +41,5 @@ def adapter_for(model: torch.nn.Module) -> DecoderAdapter:
         "Add a subclass of ridgefill.adapters.DecoderAdapter for it.")
 
 
-__all__ = ["DecoderAdapter", "Gemma3Adapter", "LlamaAdapter", "MistralAdapter", "Phi3Adapter", "Qwen2Adapter",
+__all__ = ["DecoderAdapter", "Gemma3Adapter", "HybridAdapter", "LlamaAdapter", "MistralAdapter", "Phi3Adapter", "Qwen2Adapter",
            "Qwen3Adapter", "Rope", "RopeByType", "adapter_for", "apply_rope", "supported_model_types"]

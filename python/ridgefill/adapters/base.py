@@ -137,6 +137,8 @@ class DecoderAdapter:
     """Per-layer access to a decoder-only LM for the fill prefill (see module docstring)."""
 
     model_types: tuple[str, ...] = ()
+    #: layers that keep a recurrent state instead of K/V (hybrid models, :mod:`ridgefill.adapters.hybrid`)
+    recurrent_layers: tuple[int, ...] = ()
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
@@ -193,6 +195,12 @@ class DecoderAdapter:
         zeros in their place; they do not reach the returned cache (see :meth:`build_cache`).
         """
         return None
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether ``layer`` keeps a recurrent state instead of K/V (``False`` unless a hybrid adapter
+        says so; see :class:`~ridgefill.adapters.hybrid.HybridAdapter` for ``new_state``,
+        ``advance_state`` and ``check_exact_rows``)."""
+        return layer in self.recurrent_layers
 
     def new_cache(self):
         """An empty ``transformers`` cache for this model."""

@@ -37,7 +37,7 @@ class LlamaAdapter(DecoderAdapter):
     def __init__(self, model: torch.nn.Module):
         super().__init__(model)
         self.body = model.model
-        first = self.body.layers[0].self_attn
+        first = next(b.self_attn for b in self.body.layers if hasattr(b, "self_attn"))  # hybrids: not layer 0
         self.head_dim: int = first.head_dim
         self.num_heads: int = self.config.num_attention_heads
         self.num_kv_heads: int = self.config.num_key_value_heads
