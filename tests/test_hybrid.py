@@ -217,3 +217,33 @@ def test_decode_step_after_full_tail_equals_exact_decoding(name, ids):
         whole = model(torch.cat([ids, nxt], 1)).logits[:, -1:]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     torch.testing.assert_close(want, whole, rtol=0, atol=1e-5)
+
+
+def test_calibration_runs_and_oracle_style_maps_fit(ids):
+    """Calibration statistics come from the adapter's layer forward (recurrent layers from an empty
+    state over the whole chunk); they equal the transformers forward's late-layer inputs."""
+    from ridgefill.calibrate import collect_stats_many
+
+    model = build("qwen3_5_text")
+    ad = adapter_for(model)
+    out = reference(model, ids[:1])
+    pos = torch.arange(N)
+    with torch.no_grad():
+        x = ad.embed(ids[:1])
+        rope = ad.rope(pos, x)
+        for layer in range(len(TYPES) - 1):
+            x = ad.layer(layer, x, rope, pos, x.new_empty(1, 2, N, 16), x.new_empty(1, 2, N, 16))
+            torch.testing.assert_close(x, out.hidden_states[layer + 1], rtol=0, atol=1e-5)
+        with pytest.raises(ValueError, match="rows 0..N-1"):
+            ad.layer(0, x[:, 1:], rope.rows(slice(1, None)), pos[1:], None, None)
+    with pytest.raises(Exception, match="no keys/values"):
+        ad.kv(0, x, rope)
+    stats = collect_stats_many(model, [ids[0], ids[1]], [S], progress=False)
+    fit, _ = stats[S]
+    both = [reference(model, ids[i:i + 1]) for i in range(2)]
+    h = torch.cat([o.hidden_states[S + 1][0] for o in both]).double() - fit.shift_h  # statistics are shifted
+    last = torch.cat([o.hidden_states[len(TYPES) - 1][0] for o in both]).double() - fit.shift_x[-1]
+    assert fit.count == 2 * N
+    torch.testing.assert_close(fit.sum_h, h.sum(0), rtol=0, atol=1e-4)
+    torch.testing.assert_close(fit.gram, h.T @ h, rtol=0, atol=1e-4)
+    torch.testing.assert_close(fit.sum_x[-1], last.sum(0), rtol=0, atol=1e-4)

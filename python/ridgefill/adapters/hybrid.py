@@ -140,6 +140,19 @@ class HybridAdapter(QKNorm, LlamaAdapter):
         state.update_recurrent_state(final, layer)
 
     # --- attention layers -----------------------------------------------------------------------
+    def kv(self, layer: int, x: Tensor, rope: Rope) -> tuple[Tensor, Tensor]:
+        """Keys (after ``k_norm`` and RoPE) and values of attention ``layer`` for rows with layer input
+        ``x``, as :meth:`LlamaAdapter.kv`.
+
+        Raises:
+            UnsupportedModelError: ``layer`` is a recurrent-state layer (it has no K/V; see
+                :meth:`advance_state`).
+        """
+        if self.is_recurrent(layer):
+            raise UnsupportedModelError(f"layer {layer} is a recurrent-state (linear-attention) layer: it has no "
+                                        "keys/values; K/V splice tests do not apply to it")
+        return super().kv(layer, x, rope)
+
     def project_qkv(self, layer: int, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q (after ``q_norm``), K (after ``k_norm``), V ``[batch, heads, rows, head_dim]``, before
         RoPE; the output gate is :meth:`output_gate`."""
@@ -166,6 +179,11 @@ class HybridAdapter(QKNorm, LlamaAdapter):
         in the state are simply not seen)."""
         block = self.body.layers[layer]
         if self.is_recurrent(layer):
+            if not hasattr(keys, "layers"):  # K/V buffers given (e.g. calibration): every row from an empty state
+                if positions.numel() != x.shape[1] or (positions.numel() and int(positions[0]) != 0) or (
+                        positions.numel() > 1 and bool((positions.diff() != 1).any())):
+                    raise ValueError(f"recurrent layer {layer} without a state cache needs the rows 0..N-1 in order")
+                keys = None
             out = block(x, position_embeddings=None, attention_mask=None, cache=keys)
             return out[0] if isinstance(out, tuple) else out
         h = block.input_layernorm(x)
