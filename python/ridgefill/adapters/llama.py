@@ -104,7 +104,8 @@ class LlamaAdapter(DecoderAdapter):
         if (cls.kv is not LlamaAdapter.kv or cls.project_kv is not LlamaAdapter.project_kv
                 or cls.rope is not LlamaAdapter.rope):
             return False
-        probe = self.rope(torch.zeros(1, dtype=torch.long), self.body.layers[0].input_layernorm.weight[None, None])
+        like = self.body.layers[0].input_layernorm.weight[None, None]
+        probe = self.rope(torch.zeros(1, dtype=torch.long, device=like.device), like)  # RoPE over the whole head?
         if probe.cos.shape[-1] != self.head_dim:
             return False
         norms = plain_rms_norms()
