@@ -145,7 +145,8 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         :class:`PrefillResult`.
 
     Raises:
-        InputError: bad shapes, mode, tail, exact rows or split.
+        InputError: bad shapes, mode, tail, exact rows or split; on models with recurrent-state layers
+            (:class:`~ridgefill.adapters.HybridAdapter`), exact rows outside the tail or a ``kv_hook``.
         MapsMismatchError: ``maps`` belong to another model or split.
         NonFiniteError: NaN/Inf activations.
     """
