@@ -260,3 +260,26 @@ def test_supported_directory_loads(tmp_path, ids):
     assert type(adapter_for(loaded)) is Qwen3Adapter
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_window_wider_than_prompt_uses_fill_kv(ids, monkeypatch):
+    """With every filled row inside the window of the exact rows, no row is left out
+    (needed_filled_rows gives None) and the batched path runs; it equals the per-layer path and, with
+    maps that reproduce the true inputs, the exact prefill."""
+    model = build("mistral-window")
+    ad = adapter_for(model)
+    short = ids[:1, :WINDOW - 1]
+    fl, ex = torch.arange(WINDOW - 3), torch.arange(WINDOW - 3, WINDOW - 1)
+    assert ad.needed_filled_rows(LAYERS - 1, fl, ex) is None
+    assert ad.needed_filled_rows(LAYERS - 1, torch.arange(30), torch.arange(35, 40)).tolist() == list(range(28, 30))
+    maps = oracle_maps(model, short, S)
+    exact = prefill(model, short, tail=short.shape[1], mode="exact", logits="exact")
+    calls = []
+    real = ad.fill_kv
+    monkeypatch.setattr(ad, "fill_kv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fast = prefill(model, short, maps, tail=2, mode="ridge", logits="exact", fast=True)
+    assert calls == [1]
+    slow = prefill(model, short, maps, tail=2, mode="ridge", logits="exact", fast=False)
+    torch.testing.assert_close(fast.logits, exact.logits[:, -2:], rtol=0, atol=1e-5)
+    assert_cache_close(fast.cache, slow.cache, atol=1e-5)
+    assert_cache_close(fast.cache, exact.cache, atol=1e-5)
