@@ -518,6 +518,62 @@ def _spec_error(spec: object, reason: str) -> AssetError:
         "and pass its local directory")
 
 
+def _gguf_model_type(path: Path) -> str:
+    """The ``transformers`` ``model_type`` a GGUF file loads as, from its ``general.architecture`` key
+    (read from the header; no tensor data is touched), mapped as transformers' GGUF loader maps it."""
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(path))
+
+        def text(key: str) -> str:
+            field = reader.fields.get(key)
+            return "" if field is None else bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+
+        arch, name = text("general.architecture"), text("general.name").lower()
+    except (OSError, ValueError, KeyError, IndexError, ImportError) as exc:
+        raise AssetError(f"could not load {path}: its GGUF header cannot be read ({type(exc).__name__}: "
+                         f"{exc}); check that it is a complete .gguf model file") from exc
+    if not arch:
+        raise AssetError(f"{path} has no general.architecture key: not a usable GGUF model file")
+    if "llama" in arch and "mistral" in name:
+        return "mistral"
+    return {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}.get(arch, arch)
+
+
+def check_model_type(directory: Path, gguf_name: str | None = None) -> str:
+    """The model's ``model_type``, checked against the adapters before any weight is loaded.
+
+    Reads ``config.json`` of a model directory, or the ``general.architecture`` key of the GGUF file
+    ``directory / gguf_name``.
+
+    Returns:
+        the ``model_type`` (e.g. ``"qwen2"``).
+
+    Raises:
+        UnsupportedModelError: no RidgeFill adapter for that type (the message lists the supported ones).
+        AssetError: the config or GGUF header cannot be read.
+    """
+    from .adapters import supported_model_types
+    from .errors import UnsupportedModelError
+
+    if gguf_name is not None:
+        model_type = _gguf_model_type(directory / gguf_name)
+        source = f"GGUF {gguf_name} (general.architecture)"
+    else:
+        try:
+            model_type = json.loads((directory / "config.json").read_text(encoding="utf-8")).get("model_type")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise AssetError(f"could not read {directory / 'config.json'}: {type(exc).__name__}: {exc}") from exc
+        source = "config.json"
+    supported = supported_model_types()
+    if model_type not in supported:
+        raise UnsupportedModelError(
+            f"the model's {source} gives model_type {model_type!r}, which RidgeFill does not support; supported: "
+            f"{supported}. Nothing was loaded. Use a model of a supported family (see the README's model list)")
+    return model_type
+
+
 def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> tuple[Any, Any, str]:
     """Load a causal language model and its tokenizer from local files only.
@@ -538,6 +594,8 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype
     Raises:
         AssetError: the spec is not one of the forms above, the path does not exist, the files cannot
             be loaded, or the default model cannot be fetched.
+        UnsupportedModelError: the config's (or GGUF's) model type has no adapter; raised by
+            :func:`check_model_type` before any weight is read.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -565,6 +623,7 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype
     else:
         raise _spec_error(spec, "expected None, a string or a path")
 
+    check_model_type(Path(directory), gguf_name)
     kwargs: dict[str, Any] = {"local_files_only": True}
     if gguf_name is not None:
         kwargs["gguf_file"] = gguf_name

@@ -275,7 +275,9 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         given as ``exact_rows`` (up to float rounding).
 
     Raises:
-        InputError: bad shapes, mode, tail, exact rows, split or selection.
+        InputError: bad shapes, mode, tail, exact rows, split or selection; on models with recurrent-state
+            layers (:class:`~ridgefill.adapters.HybridAdapter`), exact rows outside the tail, a
+            ``kv_hook``, ``select`` or K/V maps.
         MapsMismatchError: ``maps`` belong to another model or split.
         NonFiniteError: NaN/Inf activations.
     """
@@ -306,18 +308,26 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         raise InputError(f"split S={split} is out of range: this model has {L} layers, so 0 ≤ S ≤ {L - 2} "
                          "(at least one late layer)")
 
+    recurrent = adapter.recurrent_layers  # hybrid models: layers with a recurrent state, not K/V
+    if recurrent:
+        adapter.check_exact_rows(n, ex)
+        if kv_hook is not None or select is not None or (mode == "ridge" and maps.kind != "inputs"):
+            raise InputError(f"this model has recurrent-state layers ({list(recurrent)}): kv_hook (splice tests), "
+                             "select (row selection) and K/V maps cover attention layers only; use input maps "
+                             "and a longer tail")
     device = input_ids.device
     positions = torch.arange(n, device=device)
     x = adapter.embed(input_ids)
     rope = adapter.rope(positions, x)
     keys, values = [], []
+    state = adapter.new_state() if recurrent else None  # recurrent layers' states, in keys[l] (values[l] None)
 
     def buffers() -> tuple[Tensor, Tensor]:
         shape = (x.shape[0], adapter.num_kv_heads, n, adapter.head_dim)
         return x.new_empty(shape), x.new_empty(shape)
 
     for layer in range(split + 1):  # lower layers: every row, exactly
-        k, v = buffers()
+        k, v = (state, None) if layer in recurrent else buffers()
         x = adapter.layer(layer, x, rope, positions, k, v)
         keys.append(k)
         values.append(v)
@@ -325,7 +335,7 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
 
     kind = maps.kind if mode == "ridge" else "inputs"
     fill = _LateFill(adapter, range(split + 1, L), x, rope, _fill_maps(mode, maps, x), kv_hook,
-                     fast and kv_hook is None and kind == "inputs", none=mode == "none", kind=kind)
+                     fast and kv_hook is None and kind == "inputs", none=mode == "none", kind=kind, state=state)
     selected = torch.zeros(0, dtype=torch.long, device=device)
     rounds = select.rounds if select is not None else 0
     budget = select.budget_rows(n) if select is not None else 0
@@ -399,9 +409,11 @@ class _LateFill:
     """
 
     def __init__(self, adapter, late: range, h: Tensor, rope, maps: tuple[Tensor, Tensor] | None,
-                 kv_hook: KVHook | None, batched: bool, none: bool, kind: str = "inputs"):
+                 kv_hook: KVHook | None, batched: bool, none: bool, kind: str = "inputs", state=None):
         self.adapter, self.late, self.h, self.rope = adapter, late, h, rope
         self.maps, self.kv_hook, self.batched, self.none, self.kind = maps, kv_hook, batched, none, kind
+        self.state = state  # recurrent layers' conv and delta-rule states (hybrid models), else None
+        self.attention = [layer not in adapter.recurrent_layers for layer in late]
         b, n = h.shape[0], h.shape[1]
         shape = (len(late), b, adapter.num_kv_heads, n, adapter.head_dim)
         self.keys, self.values = h.new_zeros(shape), h.new_zeros(shape)
@@ -414,13 +426,20 @@ class _LateFill:
         fl = filled.nonzero().flatten()
         if self.none or fl.numel() == 0:
             return
-        needs = [ad.needed_filled_rows(layer, fl, ex) for layer in self.late]
-        if (self.batched and not self.have.any() and hasattr(ad, "fill_kv") and ad.supports_fill_kv()
-                and all(nd is None for nd in needs)):
+        needs = [ad.needed_filled_rows(layer, fl, ex) if att else None for layer, att in zip(self.late, self.attention)]
+        if (self.batched and not self.have.any() and all(self.attention) and hasattr(ad, "fill_kv")
+                and ad.supports_fill_kv() and all(nd is None for nd in needs)):
             self._fill_batched(fl)
             self.have[:, fl] = True
             return
         for i, (layer, need) in enumerate(zip(self.late, needs)):
+            if not self.attention[i]:  # a recurrent layer: the filled rows advance its state (first, once)
+                if not self.have[i].any():
+                    h = _rows(self.h, fl, 1)
+                    ad.advance_state(layer, h if self.maps is None else predict_inputs(h, self.maps[0][i], self.maps[1][i]),
+                                     self.state)
+                    self.have[i, fl] = True
+                continue
             rows = fl if need is None else fl[need]
             rows = rows[~self.have[i, rows]]
             if rows.numel() == 0:
@@ -464,6 +483,9 @@ class _LateFill:
         q = min(scorer.select.queries, ex.numel()) if scorer is not None else 0
         for i, layer in enumerate(self.late):
             x_in = x
+            if not self.attention[i]:  # exact rows continue the recurrent state (filled rows advanced it)
+                x = self.adapter.layer(layer, x, rope_ex, ex, self.state, None)
+                continue
             x = self.adapter.layer(layer, x, rope_ex, ex, self.keys[i], self.values[i], visible=visible)
             if scorer is not None:
                 scorer.add(layer, x_in[:, -q:], rope_ex.rows(slice(-q, None)), ex[-q:], self.keys[i], visible)
@@ -473,8 +495,13 @@ class _LateFill:
         """Per late layer ``[batch, kv_heads, rows, head_dim]`` K/V for the returned cache: every row
         (mode ``"none"``: the exact rows only)."""
         if self.none:
-            return [_rows(k, ex, 2) for k in self.keys], [_rows(v, ex, 2) for v in self.values]
-        return list(self.keys.unbind(0)), list(self.values.unbind(0))
+            keys, values = [_rows(k, ex, 2) for k in self.keys], [_rows(v, ex, 2) for v in self.values]
+        else:
+            keys, values = list(self.keys.unbind(0)), list(self.values.unbind(0))
+        for i, att in enumerate(self.attention):  # recurrent layers: their state stands for their cache
+            if not att:
+                keys[i], values[i] = self.state, None
+        return keys, values
 
 
 def _prefill_exact(model: torch.nn.Module, input_ids: Tensor, ex: Tensor, logits: str) -> PrefillResult:
@@ -514,7 +541,27 @@ def generate_after(model: torch.nn.Module, input_ids: Tensor, result: PrefillRes
                              f"{entry.keys.shape[-2]} rows, fewer than the min({seq}, {window}) that decoding "
                              "needs. Mode 'none' with tail < sliding_window leaves late sliding layers with the "
                              "exact rows only: use tail >= sliding_window or another mode")
+    if any(hasattr(entry, "recurrent_states") for entry in cache.layers):
+        return _generate_after_recurrent(model, input_ids, result, max_new_tokens)
     cache.crop(-1)
     out = model.generate(input_ids, cache=cache, max_new_tokens=max_new_tokens, do_sample=False,
                          min_new_tokens=max_new_tokens, pad_token_id=model.config.eos_token_id)
+    return out[:, input_ids.shape[1]:]
+
+
+def _generate_after_recurrent(model: torch.nn.Module, input_ids: Tensor, result: PrefillResult,
+                              max_new_tokens: int) -> Tensor:
+    """:func:`generate_after` for caches with recurrent states (hybrid models), which cannot be cropped
+    by a row: the first new token is the greedy choice from the prefill's own logits of the last
+    (exact) row, with end-of-sequence tokens excluded as ``min_new_tokens`` excludes them in
+    ``generate``; ``generate`` then continues from the cache, which covers the whole prompt."""
+    logits = result.logits[:, -1].clone()
+    eos = model.generation_config.eos_token_id
+    if eos is not None:
+        logits[:, torch.as_tensor(eos, device=logits.device).flatten()] = float("-inf")
+    first = logits.argmax(-1, keepdim=True)
+    if max_new_tokens <= 1:
+        return first[:, :max_new_tokens]
+    out = model.generate(torch.cat([input_ids, first], 1), cache=result.cache, max_new_tokens=max_new_tokens - 1,
+                         do_sample=False, min_new_tokens=max_new_tokens - 1, pad_token_id=model.config.eos_token_id)
     return out[:, input_ids.shape[1]:]

@@ -6,10 +6,18 @@ import torch
 
 from ..errors import UnsupportedModelError
 from .base import DecoderAdapter, Rope, RopeByType, apply_rope
+from .families import MistralAdapter, Phi3Adapter, Qwen2Adapter, Qwen3Adapter
 from .gemma3 import Gemma3Adapter
+from .hybrid import HybridAdapter
 from .llama import LlamaAdapter
 
-ADAPTERS: tuple[type[DecoderAdapter], ...] = (LlamaAdapter, Gemma3Adapter)
+ADAPTERS: tuple[type[DecoderAdapter], ...] = (LlamaAdapter, Gemma3Adapter, Qwen2Adapter, Qwen3Adapter,
+                                              MistralAdapter, Phi3Adapter, HybridAdapter)
+
+
+def supported_model_types() -> list[str]:
+    """The ``config.model_type`` values that have an adapter, sorted."""
+    return sorted(t for cls in ADAPTERS for t in cls.model_types)
 
 
 def adapter_for(model: torch.nn.Module) -> DecoderAdapter:
@@ -27,10 +35,11 @@ def adapter_for(model: torch.nn.Module) -> DecoderAdapter:
             adapter = cls(model)
             model._ridgefill_adapter = adapter
             return adapter
-    supported = sorted(t for cls in ADAPTERS for t in cls.model_types)
+    supported = supported_model_types()
     raise UnsupportedModelError(
         f"model_type {model_type!r} has no RidgeFill adapter; supported: {supported}. "
         "Add a subclass of ridgefill.adapters.DecoderAdapter for it.")
 
 
-__all__ = ["DecoderAdapter", "Gemma3Adapter", "LlamaAdapter", "Rope", "RopeByType", "adapter_for", "apply_rope"]
+__all__ = ["DecoderAdapter", "Gemma3Adapter", "HybridAdapter", "LlamaAdapter", "MistralAdapter", "Phi3Adapter", "Qwen2Adapter",
+           "Qwen3Adapter", "Rope", "RopeByType", "adapter_for", "apply_rope", "supported_model_types"]

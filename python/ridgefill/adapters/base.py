@@ -9,8 +9,9 @@ An adapter wraps a Hugging Face causal LM and exposes, per layer ``l``:
   positions, which writes their K/V into the layer's key/value buffers and attends causally
   to whatever those buffers hold (exact rows attending to the mixed cache).
 
-A new architecture is a new subclass overriding the few methods that differ: Qwen2/Qwen3 add
-q/k norms (override :meth:`project_qkv`), Gemma 3 (:mod:`ridgefill.adapters.gemma3`) also has
+A new architecture is a new subclass overriding the few methods that differ (see
+:mod:`ridgefill.adapters.families`: Qwen2's biases need nothing, Qwen3 adds q/k norms, Phi-3 splits a
+fused QKV projection, Mistral and Qwen2/Qwen3 may have sliding windows), Gemma 3 (:mod:`ridgefill.adapters.gemma3`) also has
 sliding-window layers, per-layer-type RoPE and extra norms (overrides ``rope``, ``kv``, ``layer``,
 ``visible_keys``, :meth:`needed_filled_rows`), recurrent-state layers replace the K/V buffers by a
 state update.
@@ -108,9 +109,17 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rope(x: Tensor, rope: Rope) -> Tensor:
-    """Rotate ``x`` ``[batch, heads, rows, head_dim]`` by the RoPE tables of its rows."""
+    """Rotate ``x`` ``[batch, heads, rows, head_dim]`` by the RoPE tables of its rows.
+
+    With partial rotary embeddings (tables narrower than ``head_dim``, e.g. Phi-3 configs with
+    ``partial_rotary_factor < 1``) only the first ``rotary_dim`` channels rotate and the rest pass
+    through, as in ``transformers``' ``apply_rotary_pos_emb``."""
     cos, sin = rope.cos.unsqueeze(1), rope.sin.unsqueeze(1)
-    return x * cos + rotate_half(x) * sin
+    dim = cos.shape[-1]
+    if dim == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    rot, rest = x[..., :dim], x[..., dim:]
+    return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
 
 
 def write_rows(keys: Tensor, values: Tensor, positions: Tensor, k: Tensor, v: Tensor) -> None:
@@ -128,6 +137,8 @@ class DecoderAdapter:
     """Per-layer access to a decoder-only LM for the fill prefill (see module docstring)."""
 
     model_types: tuple[str, ...] = ()
+    #: layers that keep a recurrent state instead of K/V (hybrid models, :mod:`ridgefill.adapters.hybrid`)
+    recurrent_layers: tuple[int, ...] = ()
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
@@ -184,6 +195,12 @@ class DecoderAdapter:
         zeros in their place; they do not reach the returned cache (see :meth:`build_cache`).
         """
         return None
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether ``layer`` keeps a recurrent state instead of K/V (``False`` unless a hybrid adapter
+        says so; see :class:`~ridgefill.adapters.hybrid.HybridAdapter` for ``new_state``,
+        ``advance_state`` and ``check_exact_rows``)."""
+        return layer in self.recurrent_layers
 
     def new_cache(self):
         """An empty ``transformers`` cache for this model."""

@@ -32,18 +32,15 @@ Not supported (raises :class:`~ridgefill.errors.UnsupportedModelError`): attenti
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import UnsupportedModelError
 from .base import Rope, RopeByType, apply_rope, write_rows
 from .llama import LlamaAdapter
-
-SLIDING = "sliding_attention"
-FULL = "full_attention"
+from .parts import FULL, SLIDING, QKNorm, SlidingWindows  # noqa: F401  (FULL, SLIDING: re-exported)
 
 
-class Gemma3Adapter(LlamaAdapter):
+class Gemma3Adapter(QKNorm, SlidingWindows, LlamaAdapter):
     """Per-layer access to a ``Gemma3ForCausalLM`` (see module docstring).
 
     Shapes as in :mod:`ridgefill.adapters.base`: hidden states ``[batch, rows, hidden]``, K/V
@@ -61,24 +58,9 @@ class Gemma3Adapter(LlamaAdapter):
         if getattr(cfg, "use_bidirectional_attention", False):
             raise UnsupportedModelError("this Gemma 3 config sets use_bidirectional_attention=True; RidgeFill "
                                         "needs causal attention")
-        types = list(getattr(cfg, "layer_types", None) or [])
-        if len(types) != cfg.num_hidden_layers or set(types) - {SLIDING, FULL}:
-            raise UnsupportedModelError(
-                f"config.layer_types must list {SLIDING!r} or {FULL!r} for each of the {cfg.num_hidden_layers} "
-                f"layers; got {types}")
-        window = getattr(cfg, "sliding_window", None)
-        if SLIDING in types and (not isinstance(window, int) or window < 1):
-            raise UnsupportedModelError(f"config.sliding_window must be a positive int; got {window!r}")
         super().__init__(model)
-        self.layer_types: list[str] = types
-        self.sliding_window: int | None = window if SLIDING in types else None
+        self.init_windows(getattr(cfg, "layer_types", None), getattr(cfg, "sliding_window", None))
         self.final_logit_softcapping: float | None = getattr(cfg, "final_logit_softcapping", None)
-        #: query rows per block in sliding-window attention (keys per block: up to this + window - 1)
-        self.attention_block: int = max(window or 0, 256)
-
-    def is_sliding(self, layer: int) -> bool:
-        """Whether ``layer`` is a sliding-window layer."""
-        return self.layer_types[layer] == SLIDING
 
     # --- hooks ---------------------------------------------------------------------------
     def rope(self, positions: Tensor, like: Tensor) -> RopeByType:
@@ -100,17 +82,6 @@ class Gemma3Adapter(LlamaAdapter):
                             f"per layer type); got {type(rope).__name__}")
         return rope[self.layer_types[layer]]
 
-    def project_qkv(self, layer: int, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Q, K (after ``q_norm``/``k_norm``, before RoPE) and V ``[batch, heads, rows, head_dim]``."""
-        q, k, v = super().project_qkv(layer, h)
-        attn = self.body.layers[layer].self_attn
-        return attn.q_norm(q), attn.k_norm(k), v
-
-    def project_kv(self, layer: int, h: Tensor) -> tuple[Tensor, Tensor]:
-        """K (after ``k_norm``, before RoPE) and V from the normed input ``h``, one fused matmul."""
-        k, v = super().project_kv(layer, h)
-        return self.body.layers[layer].self_attn.k_norm(k), v
-
     def kv(self, layer: int, x: Tensor, rope: RopeByType) -> tuple[Tensor, Tensor]:
         """Cache entries of ``layer`` for rows with layer input ``x`` ``[batch, rows, hidden]``: keys
         ``rope(k_norm(k_proj(input_layernorm(x))))`` and values ``v_proj(input_layernorm(x))``, each
@@ -118,45 +89,6 @@ class Gemma3Adapter(LlamaAdapter):
         h = self.body.layers[layer].input_layernorm(x)
         k, v = self.project_kv(layer, h)
         return apply_rope(k, self._rope_of(layer, rope)), v
-
-    def visible_keys(self, layer: int, positions: Tensor, num_keys: int,
-                     visible: Tensor | None, first_key: int = 0) -> Tensor | None:
-        """Boolean mask ``[rows, num_keys]`` over the keys at positions ``first_key ..
-        first_key + num_keys - 1``: key ``j`` is visible to the row at position ``p`` iff ``j <= p``,
-        in sliding layers also ``j > p - sliding_window``, and ``visible[j]`` when given (``visible``
-        ``[first_key + num_keys]`` or longer, over absolute positions). ``None`` means plain causal over
-        all rows (full layers only)."""
-        if not self.is_sliding(layer) and first_key == 0:
-            return super().visible_keys(layer, positions, num_keys, visible)
-        keys = torch.arange(first_key, first_key + num_keys, device=positions.device)
-        mask = keys[None, :] <= positions[:, None]
-        if self.is_sliding(layer):
-            mask &= keys[None, :] > positions[:, None] - self.sliding_window
-        if visible is not None:
-            mask &= visible[first_key:first_key + num_keys][None, :]
-        return mask
-
-    def _attend(self, layer: int, q: Tensor, positions: Tensor, keys: Tensor, values: Tensor,
-                visible: Tensor | None) -> Tensor:
-        """Attention of queries ``q`` ``[batch, heads, rows, head_dim]`` at sorted ``positions`` to the
-        position-indexed ``keys``/``values``; ``[batch, heads, rows, head_dim]``."""
-        gqa = self.num_heads != self.num_kv_heads
-        if not self.is_sliding(layer):
-            mask = self.visible_keys(layer, positions, keys.shape[2], visible)
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
-                                                  scale=self.scaling, enable_gqa=gqa)
-        # sliding window: blocks of query rows, each against the key range its rows can see
-        block = self.attention_block
-        outs = []
-        for start in range(0, positions.numel(), block):
-            pos = positions[start:start + block]
-            lo = max(int(pos.min()) - self.sliding_window + 1, 0)
-            hi = int(pos.max()) + 1
-            mask = self.visible_keys(layer, pos, hi - lo, visible, first_key=lo)
-            outs.append(F.scaled_dot_product_attention(
-                q[:, :, start:start + block], keys[:, :, lo:hi], values[:, :, lo:hi], attn_mask=mask,
-                scale=self.scaling, enable_gqa=gqa))
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     def layer(self, layer: int, x: Tensor, rope: RopeByType, positions: Tensor, keys: Tensor,
               values: Tensor, visible: Tensor | None = None) -> Tensor:
@@ -171,27 +103,11 @@ class Gemma3Adapter(LlamaAdapter):
         r = self._rope_of(layer, rope)
         q, k = apply_rope(q, r), apply_rope(k, r)
         write_rows(keys, values, positions, k, v)
-        out = self._attend(layer, q, positions, keys, values, visible)
+        out = self.attend(layer, q, positions, keys, values, visible)
         b, _, rows, _ = out.shape
         attn = block.self_attn.o_proj(out.transpose(1, 2).reshape(b, rows, -1))
         x = x + block.post_attention_layernorm(attn)
         return x + block.post_feedforward_layernorm(block.mlp(block.pre_feedforward_layernorm(x)))
-
-    def needed_filled_rows(self, layer: int, filled_positions: Tensor,
-                           exact_positions: Tensor) -> Tensor | None:
-        """In a sliding layer, the indices into ``filled_positions`` ``[F]`` of the filled rows some
-        exact row sees: a filled row at ``f`` is needed iff an exact row lies in ``[f, f + window)``
-        (``exact_positions`` sorted, ``[E]``). ``None`` (all rows) in full layers. Decoding steps come
-        after the last prompt row, which is exact, and see no further back than it."""
-        if not self.is_sliding(layer):
-            return None
-        if exact_positions.numel() == 0:
-            raise ValueError("needed_filled_rows: there must be at least one exact row (the last prompt row)")
-        nxt = torch.searchsorted(exact_positions, filled_positions)  # first exact row at or after f
-        has_next = nxt < exact_positions.numel()
-        nearest = exact_positions[nxt.clamp(max=exact_positions.numel() - 1)]
-        need = has_next & (nearest < filled_positions + self.sliding_window)
-        return need.nonzero().flatten()
 
     def logits(self, x: Tensor) -> Tensor:
         """Final norm and LM head (with ``final_logit_softcapping`` when the config sets it) on

@@ -15,13 +15,29 @@ from torch import Tensor
 from .base import DecoderAdapter, Rope, apply_rope, write_rows
 
 
+def plain_rms_norms() -> tuple[type, ...]:
+    """The ``transformers`` RMSNorm classes that compute exactly ``weight * x / sqrt(mean(x²) + eps)``
+    (in float32, cast back before the weight) with ``variance_epsilon``, as :meth:`LlamaAdapter.fill_kv`
+    assumes (copies of ``LlamaRMSNorm``)."""
+    import importlib
+
+    found = []
+    for module, name in (("llama", "LlamaRMSNorm"), ("qwen2", "Qwen2RMSNorm"), ("qwen3", "Qwen3RMSNorm"),
+                         ("qwen3_moe", "Qwen3MoeRMSNorm"), ("mistral", "MistralRMSNorm"), ("phi3", "Phi3RMSNorm")):
+        try:
+            found.append(getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
 class LlamaAdapter(DecoderAdapter):
     model_types = ("llama",)
 
     def __init__(self, model: torch.nn.Module):
         super().__init__(model)
         self.body = model.model
-        first = self.body.layers[0].self_attn
+        first = next(b.self_attn for b in self.body.layers if hasattr(b, "self_attn"))  # hybrids: not layer 0
         self.head_dim: int = first.head_dim
         self.num_heads: int = self.config.num_attention_heads
         self.num_kv_heads: int = self.config.num_key_value_heads
@@ -48,15 +64,21 @@ class LlamaAdapter(DecoderAdapter):
                 self._split_heads(attn.k_proj(h), self.num_kv_heads),
                 self._split_heads(attn.v_proj(h), self.num_kv_heads))
 
+    def kv_weights(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """The K and V projections of ``layer``: ``W_k``, ``W_v`` ``[kv_heads·head_dim, hidden]`` and
+        their biases ``[kv_heads·head_dim]`` (``None`` without bias), views of the model's weights.
+        Models with a fused QKV projection (Phi-3) override this."""
+        attn = self.body.layers[layer].self_attn
+        return attn.k_proj.weight, attn.v_proj.weight, attn.k_proj.bias, attn.v_proj.bias
+
     def project_kv(self, layer: int, h: Tensor) -> tuple[Tensor, Tensor]:
         """K, V (before RoPE) from the normed input ``h``, with one fused matmul."""
-        attn = self.body.layers[layer].self_attn
-        wk, wv = attn.k_proj.weight, attn.v_proj.weight
+        wk, wv, bk, bv = self.kv_weights(layer)
         key = (wk.data_ptr(), wv.data_ptr(), wk._version, wv._version, wk.dtype)
         if self._kv_weight.get(layer, (None,))[0] != key:
             with torch.inference_mode(False), torch.no_grad():  # usable inside and outside inference mode
                 w = torch.cat([wk, wv])
-                b = None if attn.k_proj.bias is None else torch.cat([attn.k_proj.bias, attn.v_proj.bias])
+                b = None if bk is None else torch.cat([bk, bv])
             self._kv_weight[layer] = (key, w, b)
         _, w, b = self._kv_weight[layer]
         k, v = F.linear(h, w, b).split(self.num_kv_heads * self.head_dim, dim=-1)
@@ -97,33 +119,38 @@ class LlamaAdapter(DecoderAdapter):
 
     def supports_fill_kv(self) -> bool:
         """Whether :meth:`fill_kv` computes exactly what :meth:`kv` computes for this model: a plain
-        Llama layer (a subclass that changes the norm, the K/V projection or RoPE, e.g. Gemma 3 with
-        its q/k norms, returns ``False`` and the fill uses the per-layer path)."""
-        from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
+        Llama-style layer (RMSNorm ``g ⊙ x / rms(x)``, K/V projections with optional biases, RoPE over
+        the whole head). A subclass that changes the norm, the K/V projection or RoPE (Gemma 3, Qwen3
+        with their q/k norms), or a model with partial rotary embeddings returns ``False`` and the fill
+        uses the per-layer path."""
         cls = type(self)
         if (cls.kv is not LlamaAdapter.kv or cls.project_kv is not LlamaAdapter.project_kv
                 or cls.rope is not LlamaAdapter.rope):
             return False
-        return all(type(b.input_layernorm) is LlamaRMSNorm for b in self.body.layers)
+        like = self.body.layers[0].input_layernorm.weight[None, None]
+        probe = self.rope(torch.zeros(1, dtype=torch.long, device=like.device), like)  # RoPE over the whole head?
+        if probe.cos.shape[-1] != self.head_dim:
+            return False
+        norms = plain_rms_norms()
+        return all(type(b.input_layernorm) in norms for b in self.body.layers)
 
     def _folded_kv(self, layers: range) -> tuple[Tensor, Tensor | None, float]:
         """``([layers, d, 2·kv_dim], [layers, 2·kv_dim] or None, eps)``: each layer's fused K/V weight
         (transposed) with its input-norm weight folded in, ``(g ⊙ [W_k; W_v])ᵀ``, and the K/V bias;
         cached while the source weights are unchanged."""
         blocks = [self.body.layers[i] for i in layers]
-        srcs = [t for b in blocks for t in (b.self_attn.k_proj.weight, b.self_attn.v_proj.weight,
-                                              b.input_layernorm.weight)]
+        proj = [self.kv_weights(i) for i in layers]  # (W_k, W_v, b_k, b_v) per layer
+        srcs = [t for b, p in zip(blocks, proj) for t in (p[0], p[1], b.input_layernorm.weight)]
         key = (tuple(layers), tuple((t.data_ptr(), t._version) for t in srcs), srcs[0].dtype, srcs[0].device)
         cached = getattr(self, "_fill_kv_cache", None)
         if cached is None or cached[0] != key:
             eps = {float(b.input_layernorm.variance_epsilon) for b in blocks}
             with torch.inference_mode(False), torch.no_grad():
-                w = torch.stack([(torch.cat([b.self_attn.k_proj.weight, b.self_attn.v_proj.weight])
-                                  * b.input_layernorm.weight[None, :]).t() for b in blocks]).contiguous()
+                w = torch.stack([(torch.cat([p[0], p[1]]) * b.input_layernorm.weight[None, :]).t()
+                                 for b, p in zip(blocks, proj)]).contiguous()
                 bias = None
-                if blocks[0].self_attn.k_proj.bias is not None:
-                    bias = torch.stack([torch.cat([b.self_attn.k_proj.bias, b.self_attn.v_proj.bias]) for b in blocks])
+                if proj[0][2] is not None:
+                    bias = torch.stack([torch.cat([p[2], p[3]]) for p in proj])
             cached = (key, w, bias, eps)
             self._fill_kv_cache = cached
         _, w, bias, eps = cached
@@ -219,16 +246,24 @@ class LlamaAdapter(DecoderAdapter):
             mask &= visible[None, :]
         return mask
 
+    def attend(self, layer: int, q: Tensor, positions: Tensor, keys: Tensor, values: Tensor,
+               visible: Tensor | None) -> Tensor:
+        """Causal attention of queries ``q`` ``[batch, heads, rows, head_dim]`` (after RoPE) at
+        ``positions`` ``[rows]`` to the position-indexed ``keys``/``values`` ``[batch, kv_heads, P,
+        head_dim]`` (restricted to ``visible`` ``[P]`` when given); ``[batch, heads, rows, head_dim]``.
+        Sliding-window models override it (:class:`~ridgefill.adapters.parts.SlidingWindows`)."""
+        mask = self.visible_keys(layer, positions, keys.shape[2], visible)
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scaling,
+            enable_gqa=self.num_heads != self.num_kv_heads)
+
     def layer(self, layer: int, x: Tensor, rope: Rope, positions: Tensor, keys: Tensor,
               values: Tensor, visible: Tensor | None = None) -> Tensor:
         block = self.body.layers[layer]
         q, k, v = self.project_qkv(layer, block.input_layernorm(x))
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         write_rows(keys, values, positions, k, v)
-        mask = self.visible_keys(layer, positions, keys.shape[2], visible)
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scaling,
-            enable_gqa=self.num_heads != self.num_kv_heads)
+        out = self.attend(layer, q, positions, keys, values, visible)
         b, _, r, _ = out.shape
         x = x + block.self_attn.o_proj(out.transpose(1, 2).reshape(b, r, -1))
         return x + block.mlp(block.post_attention_layernorm(x))

@@ -1,0 +1,263 @@
+"""Hybrid models with recurrent-state layers (Qwen3-Next, Qwen3.5 text) on tiny random configs, CPU,
+with the library's reference torch kernels (no download).
+
+Six layers: linear-attention (Gated DeltaNet) layers 0, 2, 3, 5 and full-attention layers 1, 4; split
+S = 1, so the late layers 2-5 mix recurrent and attention layers. Norm weights and gates are random.
+References: the ``transformers`` forward, its cache (conv and delta-rule states), ``model.generate``,
+and the layer's own module run token by token (the recurrent kernel) for the state after filled rows.
+"""
+
+import pytest
+import torch
+from ridgefill import InputError, generate_after, prefill
+from ridgefill.adapters import HybridAdapter, adapter_for
+from transformers import DynamicCache, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+
+from conftest import oracle_maps
+
+VOCAB, N, S = 101, 40, 1
+TYPES = ["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention",
+         "linear_attention"]
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=len(TYPES),
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_value_heads=4,
+              linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+              layer_types=TYPES, max_position_embeddings=512, tie_word_embeddings=False, pad_token_id=0,
+              eos_token_id=1, bos_token_id=2, initializer_range=0.1)  # states ~0.1 (0.003 at the default 0.02)
+FAMILIES = {
+    "qwen3_next": lambda: Qwen3NextForCausalLM(Qwen3NextConfig(
+        **COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)),
+    "qwen3_5_text": lambda: Qwen3_5ForCausalLM(Qwen3_5TextConfig(**COMMON)),
+}
+RECURRENT = [i for i, t in enumerate(TYPES) if t == "linear_attention"]
+_MODELS: dict = {}
+
+
+def build(name):
+    if name not in _MODELS:
+        torch.manual_seed(0)
+        model = FAMILIES[name]().eval()
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if "norm" in pname:
+                    p.add_(0.3 * torch.randn_like(p))
+                elif pname.endswith("A_log"):  # slow decay (A in [0.01, 0.1]): the state remembers the filled rows
+                    p.copy_(torch.empty_like(p).uniform_(0.01, 0.1).log())
+        _MODELS[name] = model
+    return _MODELS[name]
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(3, VOCAB, (2, N), generator=torch.Generator().manual_seed(1))
+
+
+@torch.no_grad()
+def reference(model, ids):
+    return model(ids, cache=DynamicCache(config=model.config), use_cache=True, output_hidden_states=True)
+
+
+def assert_cache_close(a, b, atol):
+    """Attention layers: K/V; recurrent layers: conv state and delta-rule state."""
+    assert len(a.layers) == len(b.layers)
+    for layer, (x, y) in enumerate(zip(a.layers, b.layers)):
+        if layer in RECURRENT:
+            torch.testing.assert_close(x.conv_states[0], y.conv_states[0], rtol=0, atol=atol)
+            torch.testing.assert_close(x.recurrent_states[0], y.recurrent_states[0], rtol=0, atol=atol)
+        else:
+            torch.testing.assert_close(x.keys, y.keys, rtol=0, atol=atol)
+            torch.testing.assert_close(x.values, y.values, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_layer_by_layer_equals_transformers(name, ids):
+    model = build(name)
+    ad = adapter_for(model)
+    assert type(ad) is HybridAdapter and list(ad.recurrent_layers) == RECURRENT and not ad.supports_fill_kv()
+    out = reference(model, ids)
+    pos = torch.arange(N)
+    with torch.no_grad():
+        x = ad.embed(ids)
+        rope = ad.rope(pos, x)
+        state = ad.new_state()
+        for layer in range(len(TYPES)):
+            if ad.is_recurrent(layer):
+                x = ad.layer(layer, x, rope, pos, state, None)
+            else:
+                k, v = x.new_empty(2, 2, N, 16), x.new_empty(2, 2, N, 16)
+                x = ad.layer(layer, x, rope, pos, k, v)
+                kk, vv = ad.kv(layer, out.hidden_states[layer], rope)
+                torch.testing.assert_close(k, out.cache.layers[layer].keys, rtol=0, atol=1e-5)
+                torch.testing.assert_close(kk, k, rtol=0, atol=1e-5)
+                torch.testing.assert_close(vv, v, rtol=0, atol=1e-5)
+            if layer < len(TYPES) - 1:
+                torch.testing.assert_close(x, out.hidden_states[layer + 1], rtol=0, atol=1e-5)
+        torch.testing.assert_close(ad.logits(x), out.logits, rtol=0, atol=1e-5)
+    for layer in RECURRENT:
+        torch.testing.assert_close(state.layers[layer].recurrent_states[0], out.cache.layers[layer].recurrent_states[0],
+                                   rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_state_after_filled_rows_equals_recurrence_on_their_inputs(name, ids):
+    """advance_state on F rows gives the conv and delta-rule states of (a) the transformers forward on
+    those rows (true inputs) and (b) the layer's own module run one row at a time (the recurrent
+    kernel and the conv update step) on predicted inputs."""
+    model = build(name)
+    ad = adapter_for(model)
+    f = 23
+    out = reference(model, ids[:, :f])
+    x_hat = torch.randn(2, f, 64, generator=torch.Generator().manual_seed(4))
+    for layer in RECURRENT:
+        state = ad.new_state()
+        ad.advance_state(layer, out.hidden_states[layer], state)
+        torch.testing.assert_close(state.layers[layer].conv_states[0], out.cache.layers[layer].conv_states[0],
+                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(state.layers[layer].recurrent_states[0],
+                                   out.cache.layers[layer].recurrent_states[0], rtol=0, atol=1e-5)
+        state = ad.new_state()
+        ad.advance_state(layer, x_hat, state)
+        step = ad.new_state()
+        block = model.model.layers[layer]
+        with torch.no_grad():
+            h = block.input_layernorm(x_hat)
+            for t in range(f):
+                block.linear_attn(h[:, t:t + 1], cache=step)
+        torch.testing.assert_close(state.layers[layer].conv_states[0], step.layers[layer].conv_states[0],
+                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(state.layers[layer].recurrent_states[0], step.layers[layer].recurrent_states[0],
+                                   rtol=0, atol=1e-5)
+        assert state.layers[layer].recurrent_states[0].abs().max() > 1e-2
+        with pytest.raises(ValueError, match="already advanced"):
+            ad.advance_state(layer, x_hat, state)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_exact_mode_equals_transformers_forward(name, ids):
+    model = build(name)
+    out = reference(model, ids)
+    res = prefill(model, ids, tail=N, mode="exact", logits="exact")
+    assert torch.equal(res.logits, out.logits)
+    assert_cache_close(res.cache, out.cache, atol=0)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("mode", ["identity", "none", "ridge"])
+def test_tail_whole_prompt_equals_exact(name, ids, mode):
+    model = build(name)
+    exact = prefill(model, ids, tail=N, mode="exact", logits="exact")
+    maps = oracle_maps(model, ids[:1], S) if mode == "ridge" else None
+    res = prefill(model, ids, maps, tail=N, mode=mode, split=S, logits="exact")
+    torch.testing.assert_close(res.logits, exact.logits, rtol=0, atol=1e-5)
+    assert_cache_close(res.cache, exact.cache, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("tail", [1, 5])
+def test_oracle_fill_equals_exact_prefill(name, ids, tail):
+    """Filled rows with their true late-layer inputs: recurrent states, K/V and the exact rows' logits
+    equal the exact prefill's; the identity fill's do not."""
+    model = build(name)
+    one = ids[:1]
+    maps = oracle_maps(model, one, S)
+    exact = prefill(model, one, tail=N, mode="exact", logits="exact")
+    res = prefill(model, one, maps, tail=tail, mode="ridge", logits="exact")
+    torch.testing.assert_close(res.logits, exact.logits[:, -tail:], rtol=0, atol=1e-5)
+    assert_cache_close(res.cache, exact.cache, atol=1e-5)
+    ident = prefill(model, one, tail=tail, mode="identity", split=S, logits="exact")
+    last = RECURRENT[-1]
+    assert (ident.cache.layers[last].recurrent_states[0] - exact.cache.layers[last].recurrent_states[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_none_mode_exact_rows_start_from_empty_state(name, ids):
+    """Mode none: filled rows do not advance a late recurrent layer; its state is that of the exact
+    rows alone (equal to running that layer on the tail's inputs from an empty state)."""
+    model = build(name)
+    res = prefill(model, ids, tail=6, mode="none", split=S)
+    ident = prefill(model, ids, tail=6, mode="identity", split=S)
+    for layer in RECURRENT:
+        a, b = res.cache.layers[layer].recurrent_states[0], ident.cache.layers[layer].recurrent_states[0]
+        if layer <= S:
+            assert torch.equal(a, b)
+        else:
+            assert (a - b).abs().max() > 1e-3
+
+
+def test_exact_rows_must_be_a_tail_and_no_kv_hook(ids):
+    model = build("qwen3_next")
+    with pytest.raises(InputError, match="suffix of the prompt"):
+        prefill(model, ids, tail=4, exact_rows=[10], mode="identity", split=S)
+    with pytest.raises(InputError, match="kv_hook"):
+        prefill(model, ids, tail=4, mode="identity", split=S, kv_hook=lambda layer, k, v, f: (k, v))
+    prefill(model, ids, tail=4, exact_rows=[37], mode="identity", split=S)  # inside the tail: fine
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_generate_after_matches_model_generate(name, ids):
+    model = build(name)
+    one = ids[:1]
+    with torch.no_grad():
+        plain = model.generate(one, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=1)[:, N:]
+    maps = oracle_maps(model, one, S)
+    assert torch.equal(generate_after(model, one, prefill(model, one, tail=N, mode="exact"), 16), plain)
+    assert torch.equal(generate_after(model, one, prefill(model, one, maps, tail=5, mode="ridge"), 16), plain)
+    assert torch.equal(generate_after(model, one, prefill(model, one, tail=N, mode="identity", split=S), 16), plain)
+    assert torch.equal(generate_after(model, one, prefill(model, one, tail=N, mode="exact"), 1), plain[:, :1])
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_decode_step_after_full_tail_equals_exact_decoding(name, ids):
+    model = build(name)
+    exact = prefill(model, ids, tail=N, mode="exact")
+    res = prefill(model, ids, tail=N, mode="identity", split=S)
+    nxt = exact.logits.argmax(-1)
+    with torch.inference_mode():  # the states were made in prefill's inference mode; decoding updates them in place
+        want = model(nxt, cache=exact.cache, use_cache=True).logits
+        got = model(nxt, cache=res.cache, use_cache=True).logits
+        whole = model(torch.cat([ids, nxt], 1)).logits[:, -1:]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(want, whole, rtol=0, atol=1e-5)
+
+
+def test_calibration_runs_and_oracle_style_maps_fit(ids):
+    """Calibration statistics come from the adapter's layer forward (recurrent layers from an empty
+    state over the whole chunk); they equal the transformers forward's late-layer inputs."""
+    from ridgefill.calibrate import collect_stats_many
+
+    model = build("qwen3_5_text")
+    ad = adapter_for(model)
+    out = reference(model, ids[:1])
+    pos = torch.arange(N)
+    with torch.no_grad():
+        x = ad.embed(ids[:1])
+        rope = ad.rope(pos, x)
+        for layer in range(len(TYPES) - 1):
+            x = ad.layer(layer, x, rope, pos, x.new_empty(1, 2, N, 16), x.new_empty(1, 2, N, 16))
+            torch.testing.assert_close(x, out.hidden_states[layer + 1], rtol=0, atol=1e-5)
+        with pytest.raises(ValueError, match="rows 0..N-1"):
+            ad.layer(0, x[:, 1:], rope.rows(slice(1, None)), pos[1:], None, None)
+    with pytest.raises(Exception, match="no keys/values"):
+        ad.kv(0, x, rope)
+    stats = collect_stats_many(model, [ids[0], ids[1]], [S], progress=False)
+    fit, _ = stats[S]
+    both = [reference(model, ids[i:i + 1]) for i in range(2)]
+    h = torch.cat([o.hidden_states[S + 1][0] for o in both]).double() - fit.shift_h  # statistics are shifted
+    last = torch.cat([o.hidden_states[len(TYPES) - 1][0] for o in both]).double() - fit.shift_x[-1]
+    assert fit.count == 2 * N
+    torch.testing.assert_close(fit.sum_h, h.sum(0), rtol=0, atol=1e-4)
+    torch.testing.assert_close(fit.gram, h.T @ h, rtol=0, atol=1e-4)
+    torch.testing.assert_close(fit.sum_x[-1], last.sum(0), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["ridge", "identity", "none"])
+def test_exact_rows_are_causal(ids, mode):
+    """Changing the last prompt token changes the last exact row's logits and no earlier exact row's."""
+    model = build("qwen3_next")
+    maps = oracle_maps(model, ids[:1], S) if mode == "ridge" else None
+    changed = ids.clone()
+    changed[:, -1] = (changed[:, -1] + 5) % VOCAB
+    a = prefill(model, ids, maps, tail=6, mode=mode, split=S, logits="exact")
+    b = prefill(model, changed, maps, tail=6, mode=mode, split=S, logits="exact")
+    # not bitwise: the MoE groups tokens by expert, so a changed route changes matmul shapes (rounding)
+    torch.testing.assert_close(a.logits[:, :-1], b.logits[:, :-1], rtol=0, atol=1e-5)
+    assert (a.logits[:, -1] - b.logits[:, -1]).abs().max() > 0.1
