@@ -149,7 +149,7 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
     if targets not in TARGETS:
         raise InputError(f"map targets must be one of {TARGETS}; got {targets!r}")
     k = adapter.hidden_size if targets == "inputs" else 2 * adapter.num_kv_heads * adapter.head_dim
-    stats = {s: (RidgeStats(L - s - 1, adapter.hidden_size, outputs=k), RidgeStats(L - s - 1, adapter.hidden_size, outputs=k))
+    stats = {s: tuple(RidgeStats(L - s - 1, adapter.hidden_size, outputs=k, targets=targets) for _ in range(2))
              for s in splits}
     first = splits[0]
     device = next(model.parameters()).device

@@ -192,7 +192,7 @@ def save_stats(path: str | os.PathLike, stats: RidgeStats, meta: dict) -> Path:
         raise InputError("cannot save empty statistics (no calibration rows)")
     tensors = {k: getattr(stats, k).detach().to(torch.float64).contiguous().cpu() for k in _STATS_TENSORS}
     meta = dict(meta, format_version=FORMAT_VERSION, count=stats.count, layers=stats.layers,
-                hidden=stats.hidden)
+                hidden=stats.hidden, outputs=stats.outputs, targets=stats.targets)
     return atomic_write(path, lambda tmp: save_file(
         tensors, tmp, metadata={"ridgefill_stats": json.dumps(meta, sort_keys=True)}))
 
@@ -224,13 +224,17 @@ def load_stats(path: str | os.PathLike) -> tuple[RidgeStats, dict]:
         raise MapsFormatError(f"{str(path)!r} is not a RidgeFill statistics file of format version "
                               f"{FORMAT_VERSION} (tensors {sorted(tensors)}); {redo}")
     n, d = meta.get("layers"), meta.get("hidden")
-    stats = RidgeStats(n, d, meta.get("count"), tensors["shift_h"], tensors["shift_x"])
+    targets = meta.get("targets", "inputs")
+    if targets not in ("inputs", "kv"):
+        raise MapsFormatError(f"statistics file {str(path)!r} has targets {targets!r} (expected 'inputs' or 'kv'); {redo}")
+    stats = RidgeStats(n, d, meta.get("count"), tensors["shift_h"], tensors["shift_x"], meta.get("outputs", d),
+                       targets)
     for k in _STATS_TENSORS[2:]:
         if tensors[k].shape != getattr(stats, k).shape:
             raise MapsFormatError(f"statistics file {str(path)!r}: tensor {k} has shape {tuple(tensors[k].shape)}, "
                                   f"expected {tuple(getattr(stats, k).shape)} for {n} layers of size {d}; {redo}")
         setattr(stats, k, tensors[k])
-    if tensors["shift_h"].shape != (d,) or tensors["shift_x"].shape != (n, d):
+    if tensors["shift_h"].shape != (d,) or tensors["shift_x"].shape != (n, stats.outputs):
         raise MapsFormatError(f"statistics file {str(path)!r} has shifts of the wrong shape; {redo}")
     return stats, meta
 

@@ -83,6 +83,8 @@ class RidgeStats:
         count: number of token rows seen.
         outputs: size ``k`` of each target row (``hidden`` for the layer inputs ``x_l``; ``2·kv_dim``
             for K/V maps, whose targets are a layer's pre-RoPE keys and values).
+        targets: ``"inputs"`` (the late layers' inputs: ridge prior ``W₀ = I``) or ``"kv"`` (their
+            pre-RoPE keys and values: prior ``W₀ = 0``); see :func:`default_prior`.
         shift_h: ``[d]``; shift_x: ``[layers, k]``.
         sum_h: ``Σ (h − shift_h)`` ``[d]``; gram: ``Σ (h−shift)(h−shift)ᵀ`` ``[d, d]``.
         sum_x: ``[layers, k]``; cross: ``Σ (h−shift_h)(x_l−shift_x)ᵀ`` ``[layers, d, k]``;
@@ -95,6 +97,7 @@ class RidgeStats:
     shift_h: Tensor | None = None
     shift_x: Tensor | None = None
     outputs: int | None = None
+    targets: str = "inputs"
     sum_h: Tensor = field(init=False)
     gram: Tensor = field(init=False)
     sum_x: Tensor = field(init=False)
@@ -105,6 +108,9 @@ class RidgeStats:
         d, n = self.hidden, self.layers
         if self.outputs is None:
             self.outputs = d
+        if self.targets not in ("inputs", "kv") or (self.targets == "inputs" and self.outputs != d):
+            raise InputError(f"RidgeStats targets must be 'inputs' (outputs = hidden = {d}) or 'kv'; got "
+                             f"{self.targets!r} with {self.outputs} outputs")
         k = self.outputs
         self.sum_h = torch.zeros(d, dtype=F64)
         self.gram = torch.zeros(d, d, dtype=F64)
@@ -145,7 +151,11 @@ class RidgeStats:
             return self
         if self.count == 0:
             return other
-        out = RidgeStats(self.layers, self.hidden, self.count + other.count, self.shift_h, self.shift_x, self.outputs)
+        if (other.outputs, other.targets) != (self.outputs, self.targets):
+            raise InputError(f"cannot merge statistics of {other.targets!r} targets ({other.outputs} outputs) into "
+                             f"{self.targets!r} ones ({self.outputs})")
+        out = RidgeStats(self.layers, self.hidden, self.count + other.count, self.shift_h, self.shift_x, self.outputs,
+                         self.targets)
         # shift other's sums from its shift to ours: v' = v + δ with δ = other.shift − self.shift
         dh = other.shift_h - self.shift_h
         dx = other.shift_x - self.shift_x
@@ -188,9 +198,9 @@ def lambda_grid(gram: Tensor, points: int = 25) -> Tensor:
 
 
 def default_prior(stats: RidgeStats) -> Tensor | None:
-    """The ridge prior ``W₀`` of these statistics: the identity for layer-input targets (``k = d``),
-    ``None`` (zero) for other targets (K/V maps)."""
-    return torch.eye(stats.hidden, dtype=F64) if stats.outputs == stats.hidden else None
+    """The ridge prior ``W₀`` of these statistics: the identity for layer-input targets, ``None`` (zero)
+    for K/V targets (:attr:`RidgeStats.targets`)."""
+    return torch.eye(stats.hidden, dtype=F64) if stats.targets == "inputs" else None
 
 
 def heldout_errors(fit: RidgeStats, heldout: RidgeStats, layer: int, lams: Tensor,
@@ -301,7 +311,7 @@ def _heldout_report(stats: RidgeStats, heldout: RidgeStats, lams: list[float]):
     for layer, lam in enumerate(lams):
         err = heldout_errors(stats, heldout, layer, torch.tensor([lam], dtype=F64))[0]
         _, _, total = heldout.moments(layer, mh_out, mx_out[layer])
-        if stats.outputs != stats.hidden:  # K/V targets: no identity fill to compare with
+        if stats.targets != "inputs":  # K/V targets: no identity fill to compare with
             rel.append(float(err / total))
             rel_id.append(None)
             continue

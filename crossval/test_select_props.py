@@ -1,0 +1,75 @@
+"""Property tests of query-aware row selection (``prefill(..., select=...)``) and of the K/V-map fit.
+
+Selection makes the set of exact rows depend on the whole prompt (pass 1's attention of the last row),
+so it is *not* causal in the exact-set sense: which rows are exact can change when later tokens change.
+What it keeps, and what these properties check on tiny random Llamas with Hypothesis-drawn prompts,
+splits, tails and budgets:
+
+- every row still has K/V in every layer (no token is dropped; Lean: ``KvaLean.Causality``
+  ``no_token_dropped``, stated for a given exact set);
+- given the exact set it chose, the result is the one-pass prefill with that exact set, so every entry
+  of row ``i`` depends only on rows ``≤ i`` and the chosen set (``filled_causal`` for that set), and
+  exact rows see every earlier row (their logits equal the one-pass prefill's, which attends causally);
+- the chosen rows are filled rows, within the budget, and include the sink rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from ridgefill import prefill
+from ridgefill.fill import Select
+from ridgefill.ridge import RidgeStats, fit_maps
+
+from crossval import tally
+from crossval.models import CONFIGS, fitted_maps, kv, prompts, tiny_llama
+
+selects = st.builds(Select, budget=st.integers(1, 12), before=st.integers(0, 3), after=st.integers(0, 4),
+                    queries=st.integers(1, 3), heads=st.sampled_from(["sum", "max"]), rounds=st.integers(1, 2),
+                    sink=st.integers(0, 1))
+
+
+@given(prompts(min_rows=4), st.sampled_from(["ridge", "identity"]), selects)
+def test_selection_keeps_every_row_and_equals_the_one_pass_prefill(prompt, mode, sel):
+    index, ids, split, tail, _ = prompt
+    n = ids.shape[1]
+    tail = min(tail, n - 1)  # at least one filled row to choose from
+    model = tiny_llama(index)
+    maps = fitted_maps(index, split) if mode == "ridge" else None
+    res = prefill(model, ids, maps, tail=tail, mode=mode, split=split, select=sel, logits="exact")
+    chosen = res.selected
+    assert chosen.numel() <= sel.budget_rows(n)
+    assert bool((chosen < n - tail).all()) and torch.equal(chosen, torch.unique(chosen))
+    assert set(range(min(sel.sink, n - tail, sel.budget_rows(n)))) <= set(chosen.tolist())
+    one = prefill(model, ids, maps, tail=tail, exact_rows=chosen.tolist(), mode=mode, split=split, logits="exact")
+    torch.testing.assert_close(res.logits, one.logits, rtol=0, atol=1e-5)
+    for layer in range(CONFIGS[index][1]):
+        (k, v), (k1, v1) = kv(res.cache, layer), kv(one.cache, layer)
+        assert k.shape[2] == n and v.shape[2] == n  # every row has K/V in every layer
+        torch.testing.assert_close(k, k1, rtol=0, atol=1e-5)
+        torch.testing.assert_close(v, v1, rtol=0, atol=1e-5)
+    tally.example()
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(2, 6), st.integers(1, 5), st.floats(1e-3, 1e3))
+def test_kv_map_fit_equals_float64_reference(seed, hidden, outputs, lam):
+    """The zero-prior ridge fit with an unpenalised intercept (K/V maps) equals the float64 solution of
+    ``min ‖H W + 1bᵀ − Y‖² + λ‖W‖²`` computed directly from the rows."""
+    g = torch.Generator().manual_seed(seed)
+    rows = 3 * hidden + 4
+    h = torch.randn(rows, hidden, generator=g, dtype=torch.float64) * 3 + 1
+    y = torch.randn(2, rows, outputs, generator=g, dtype=torch.float64)
+    st_ = RidgeStats(2, hidden, outputs=outputs, targets="kv")
+    st_.update(h[: rows // 2], y[:, : rows // 2])
+    part = RidgeStats(2, hidden, outputs=outputs, targets="kv")
+    part.update(h[rows // 2:], y[:, rows // 2:])
+    fitted = fit_maps(st_.merged(part), lam)
+    hc = h - h.mean(0)
+    for layer in range(2):
+        yc = y[layer] - y[layer].mean(0)
+        w = torch.linalg.solve(hc.T @ hc + lam * torch.eye(hidden, dtype=torch.float64), hc.T @ yc)
+        b = y[layer].mean(0) - h.mean(0) @ w
+        torch.testing.assert_close(fitted.weights[layer], w, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(fitted.biases[layer], b, rtol=1e-9, atol=1e-9)
+    tally.example()
