@@ -19,7 +19,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from ridgefill import prefill
-from ridgefill.fill import Select
+from ridgefill.select import Select
 from ridgefill.ridge import RidgeStats, fit_maps
 
 from crossval import tally

@@ -190,7 +190,7 @@ def test_bench_report(tmp_path):
 
 
 def test_bench_with_row_selection(capsys):
-    from ridgefill.fill import Select
+    from ridgefill.select import Select
 
     cfg = BenchConfig(model="tiny-random", lengths=(96,), split=2, tail=16, repeats=2, warmup=0,
                       select=Select(budget=8, before=1, after=2))

@@ -176,7 +176,7 @@ def test_ordering_ridge_identity_none_on_a_constructed_model():
 def test_selection_variants_score_the_tail_only():
     """A selection whose budget covers every filled row makes the identity fill exact; the tail is still
     the only scored part (the chosen rows add no scored tokens)."""
-    from ridgefill.fill import Select
+    from ridgefill.select import Select
 
     model = tiny_llama(seed=11)
     doc = torch.randint(0, 101, (49,), generator=torch.Generator().manual_seed(5))

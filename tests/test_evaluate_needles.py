@@ -148,7 +148,7 @@ def test_runner_row_selection(sentences):
     """A selection budget that covers every filled row makes the fill exact: the +sel system answers
     like exact; each result records its chosen rows and the share of the needle among them."""
     from conftest import oracle_maps
-    from ridgefill.fill import Select
+    from ridgefill.select import Select
 
     tok = ByteTokenizer()
     model = byte_llama(seed=2)

@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache
 
 from ridgefill import InputError, MapsFormatError, prefill
-from ridgefill.fill import Select, choose_rows
+from ridgefill.select import Select, choose_rows
 from conftest import oracle_maps, reference, tiny_llama
 from test_gemma3 import tiny_gemma3
 
@@ -80,7 +80,7 @@ def test_scores_are_the_exact_attention_with_oracle_maps():
         att = model(ids, output_attentions=True).attentions  # per layer [1, H, N, N]
     model.config._attn_implementation = "sdpa"
     want = sum(att[layer][0, :, -1].sum(0) for layer in range(S + 1, model.config.num_hidden_layers))
-    from ridgefill.fill import _AttentionScores, _LateFill, _fill_maps
+    from ridgefill.fill import AttentionScores as _AttentionScores, _LateFill, _fill_maps
     from ridgefill.adapters import adapter_for
 
     ad = adapter_for(model)

@@ -97,7 +97,7 @@ class BenchConfig:
     calibration: bool = False
     calib_chunk: int = 512
     calib_lengths: tuple[int, int] = (4096, 16384)
-    select: object = None  # a ridgefill.fill.Select: also time the fill with row selection
+    select: object = None  # a ridgefill.select.Select: also time the fill with row selection
     json: str | None = None
     command: str = ""
 
@@ -254,7 +254,7 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
                  seed: int = 0, select=None) -> dict:
     """Time exact and fill prefill of ``n`` random token ids (see the module docstring).
 
-    With ``select`` (a :class:`ridgefill.fill.Select`) a third prefill, the fill with query-aware row
+    With ``select`` (a :class:`ridgefill.select.Select`) a third prefill, the fill with query-aware row
     selection, is timed in the same interleaved rounds; its bound counts its chosen rows and passes
     (:func:`ridgefill.costs.fill_cost` with ``selected``).
 

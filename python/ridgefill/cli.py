@@ -29,9 +29,9 @@ def parse_lam(value: str) -> float | str:
 
 
 def parse_select(value: str):
-    """argparse type of ``--select``: ``'on'``, ``'off'`` or ``key=value`` pairs (:meth:`ridgefill.fill.Select.parse`)."""
+    """argparse type of ``--select``: ``'on'``, ``'off'`` or ``key=value`` pairs (:meth:`ridgefill.select.Select.parse`)."""
     from .errors import InputError
-    from .fill import Select
+    from .select import Select
 
     try:
         return Select.parse(value)

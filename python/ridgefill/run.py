@@ -16,7 +16,7 @@ the last ``tail`` rows are exact. Reported per mode:
   shows it.
 
 Systems: every mode of :data:`ridgefill.fill.MODES`, plus ``ridge+sel``: the ridge fill with the
-default query-aware row selection (:data:`ridgefill.fill.DEFAULT_SELECT`), which makes a few more rows
+default query-aware row selection (:data:`ridgefill.select.DEFAULT_SELECT`), which makes a few more rows
 exact (reported as ``extra rows``, a share of the prompt).
 """
 
@@ -37,7 +37,8 @@ from tqdm.auto import tqdm
 from .calibrate import special_prefix
 from .errors import InputError, MapsFormatError, MapsMismatchError
 from .fileio import write_json
-from .fill import DEFAULT_SELECT, MODES, Select, generate_after, prefill
+from .fill import MODES, generate_after, prefill
+from .select import DEFAULT_SELECT, Select
 from .maps import RidgeMaps, load_maps
 
 

@@ -105,7 +105,7 @@ def run_depth(model: torch.nn.Module, tokenizer, maps_by_split: dict[int, RidgeM
               select_modes: Sequence[str] = ("ridge",)) -> dict:
     """The seed's table: key-token (and all/novel) ΔNLL vs exact per split and mode, and filled-region
     single-needle retrieval per split and mode at one context length; ``selects`` (each a
-    :class:`ridgefill.fill.Select`) add the systems ``"<S>/<mode>+sel"`` for every mode in ``select_modes``.
+    :class:`ridgefill.select.Select`) add the systems ``"<S>/<mode>+sel"`` for every mode in ``select_modes``.
 
     Returns:
         ``{"loss": {...}, "needles": {...}}`` (see :func:`ridgefill.evaluate.loss.summarise` and

@@ -306,7 +306,7 @@ class DocScores:
 def tail_nll(model: torch.nn.Module, doc: Tensor, *, tail: int, mode: str, maps=None, split: int | None = None,
              kv_hook=None, select=None) -> tuple[Tensor, Tensor, object]:
     """Prefill ``doc[:-1]`` (``N`` rows) with ``mode`` (and row selection ``select``, a
-    :class:`ridgefill.fill.Select`) and score the exact tail (the last ``T`` rows; rows made exact by
+    :class:`ridgefill.select.Select`) and score the exact tail (the last ``T`` rows; rows made exact by
     selection are not scored, so every system scores the same tokens).
 
     Returns:
@@ -354,7 +354,7 @@ def fill_variants(model: torch.nn.Module, maps_by_split: Mapping[int, object], m
                   ) -> dict[str, Callable[[Tensor], Tensor]]:
     """``{"<S>/<mode>": fn(doc, exact) -> nll [T]}`` for every split and fill mode (``ridge`` and
     ``centred`` need maps), then ``"<S>/<mode>+sel"`` (``+sel<i>`` for several) for every
-    :class:`ridgefill.fill.Select` in ``selects`` and mode in ``select_modes``."""
+    :class:`ridgefill.select.Select` in ``selects`` and mode in ``select_modes``."""
     out = {}
     systems = [(mode, None, "") for mode in modes if mode != "exact"]
     systems += [(mode, sel, "+sel" + (str(i) if len(selects) > 1 else ""))

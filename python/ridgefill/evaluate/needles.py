@@ -34,7 +34,8 @@ import torch
 
 from ..calibrate import special_prefix
 from ..errors import InputError
-from ..fill import Select, generate_after, prefill
+from ..fill import generate_after, prefill
+from ..select import Select
 from .loss import wilson_interval
 
 ADJECTIVES: tuple[str, ...] = (
@@ -252,7 +253,7 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
     (:mod:`ridgefill.evaluate.splice`; systems ``"<S>/ridge+<component>"``, exact K/V from the same
     case's exact prefill, so ``"exact"`` must be among the modes). ``key_scales``: ``{S: [late, kv_heads]}``
     fitted key scales (:func:`ridgefill.evaluate.splice.fit_key_scales`): system ``"<S>/ridge+kscale"``.
-    ``selects``: also answer with query-aware row selection (:class:`ridgefill.fill.Select`) in each of
+    ``selects``: also answer with query-aware row selection (:class:`ridgefill.select.Select`) in each of
     ``select_modes`` at every split: system ``"<S>/<mode>+sel"`` (one select) or ``"<S>/<mode>+sel<i>"``;
     each result also records the chosen rows' count (``selected``) and the share of the asked needle's
     tokens among them (``needle_hit``).

@@ -1,0 +1,169 @@
+"""Query-aware choice of extra exact rows (``prefill(..., select=Select(...))``).
+
+At split depth 1/2 the fill loses what must be retrieved from the filled region (docs/evaluate.md): the
+late layers' keys of the filled rows are predicted, and a needle's predicted keys no longer draw the
+question's attention. A few exact rows are enough if they are the right ones. :func:`ridgefill.fill.prefill`
+runs a first pass (the plain fill), scores every filled row by the attention the last exact rows pay it
+in the late layers (:class:`AttentionScores`), makes the best rows exact (:func:`choose_rows`, a budget
+with widening around each row) and reruns only the late layers of the exact rows.
+
+Given the chosen rows, the result is the one-pass fill with those rows as ``exact_rows`` (tests and
+crossval check it); the choice itself depends on the whole prompt, so which rows are exact is not
+causal (``KvaLean.Causality`` states causality for a given exact set).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class Select:
+    """Query-aware choice of extra exact rows: a two-pass fill (issue "filled-region retrieval").
+
+    Pass 1 is the plain fill. While the exact rows run the late layers, the softmax attention of the
+    last ``queries`` exact rows over every key is recorded in each late layer; a filled row's score is
+    that attention summed over query rows and late layers and reduced over heads (``heads="sum"`` or
+    ``"max"``). The best-scoring filled rows become exact, each widened to ``before`` rows before and
+    ``after`` rows after it, until ``budget`` extra rows are used. Pass 2 reruns only what changed: the
+    late layers for the old and the new exact rows (their lower layers, ``h_S`` and the other filled
+    rows' K/V are kept). ``rounds > 1`` repeats scoring and choosing, each round with a ``budget /
+    rounds`` share.
+
+    Attributes:
+        budget: extra exact rows: a fraction of the prompt when ``< 1`` (e.g. ``0.025``), else a row
+            count. The chosen rows never exceed it.
+        before, after: rows added before and after each best-scoring row (a needle's digits follow
+            the words the question matches, hence the asymmetric default).
+        queries: how many of the last exact rows score the filled rows.
+        heads: ``"sum"`` or ``"max"`` over attention heads.
+        rounds: scoring-and-choosing rounds.
+        sink: the first ``sink`` rows (the attention sink) are chosen first, without widening, and
+            count toward the budget; they take most of every head's attention, so scoring them would
+            spend the budget on them and their neighbours.
+    """
+
+    budget: float = 0.025
+    before: int = 2
+    after: int = 12
+    queries: int = 1
+    heads: Literal["sum", "max"] = "sum"
+    rounds: int = 1
+    sink: int = 1
+
+    def __post_init__(self):
+        if not (self.budget > 0 and self.budget < float("inf")):
+            raise InputError(f"select budget must be > 0 (a fraction of the prompt < 1, or rows); got {self.budget}")
+        if self.budget >= 1 and self.budget != int(self.budget):
+            raise InputError(f"select budget ≥ 1 is a row count and must be whole; got {self.budget}")
+        for name in ("before", "after", "sink"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise InputError(f"select {name} must be an int ≥ 0; got {getattr(self, name)!r}")
+        if not isinstance(self.queries, int) or self.queries < 1:
+            raise InputError(f"select queries must be an int ≥ 1; got {self.queries!r}")
+        if self.heads not in ("sum", "max"):
+            raise InputError(f"select heads must be 'sum' or 'max'; got {self.heads!r}")
+        if not isinstance(self.rounds, int) or self.rounds < 1:
+            raise InputError(f"select rounds must be an int ≥ 1; got {self.rounds!r}")
+
+    def budget_rows(self, num_rows: int) -> int:
+        """The budget in rows for a prompt of ``num_rows`` rows."""
+        return int(self.budget * num_rows) if self.budget < 1 else int(self.budget)
+
+    @classmethod
+    def parse(cls, spec: str) -> "Select | None":
+        """``"off"`` → ``None``; else ``key=value`` pairs separated by commas, e.g.
+        ``"budget=0.025,before=2,after=12,queries=1,heads=sum,rounds=1"`` (missing keys: defaults);
+        ``"on"`` for all defaults.
+
+        Raises:
+            InputError: an unknown key or a value of the wrong type.
+        """
+        spec = spec.strip()
+        if spec in ("off", "none", ""):
+            return None
+        if spec in ("on", "default"):
+            return cls()
+        kwargs: dict = {}
+        for part in spec.split(","):
+            key, eq, value = part.partition("=")
+            key = key.strip()
+            if not eq or key not in cls.__dataclass_fields__:
+                raise InputError(f"select option {part!r} is not key=value with a key among "
+                                 f"{sorted(cls.__dataclass_fields__)}; e.g. 'budget=0.025,after=12'")
+            try:
+                kwargs[key] = value.strip() if key == "heads" else (float(value) if key == "budget" else int(value))
+            except ValueError:
+                raise InputError(f"select option {key}={value!r}: not a number") from None
+        return cls(**kwargs)
+
+
+#: The selection ``ridgefill run`` and the evaluation commands use by default (chosen from the
+#: measurements in docs/evaluate.md, "Row selection").
+DEFAULT_SELECT = Select(heads="max")
+
+
+def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int) -> Tensor:
+    """The extra exact rows: best-scoring candidates, each widened, until ``budget`` rows.
+
+    Args:
+        scores: ``[N]`` float, one score per position (only ``candidates`` are read).
+        candidates: ``[N]`` bool, the positions that may be chosen (the filled rows).
+        budget: the most rows to return.
+
+    Returns:
+        Sorted ``int64`` positions ``[k]``, ``k ≤ budget``, all among ``candidates``: first the
+        candidates among the ``select.sink`` first rows, then windows around the best-scoring other
+        candidates. A window that would overflow the budget is cut to fit it.
+    """
+    n = scores.numel()
+    chosen = torch.zeros(n, dtype=torch.bool, device=scores.device)
+    sink = torch.arange(min(select.sink, n), device=scores.device)
+    sink = sink[candidates[sink]][:budget]
+    chosen[sink] = True
+    candidates = candidates.clone()
+    candidates[: select.sink] = False
+    order = torch.argsort(torch.where(candidates, scores.float(), float("-inf")), descending=True)
+    used = sink.numel()
+    for r in order.tolist():
+        if used >= budget or not bool(candidates[r]):
+            break
+        if chosen[r]:
+            continue
+        window = torch.arange(max(0, r - select.before), min(n, r + select.after + 1), device=scores.device)
+        window = window[candidates[window] & ~chosen[window]]
+        window = window[: budget - used]
+        chosen[window] = True
+        used += window.numel()
+    return chosen.nonzero().flatten()
+
+
+class AttentionScores:
+    """Accumulates, over late layers, the attention of the last ``select.queries`` exact rows over every
+    position (softmax over the keys each query row can see), reduced over heads by ``select.heads``."""
+
+    def __init__(self, adapter, num_rows: int, select: Select):
+        self.adapter, self.select = adapter, select
+        self.scores = torch.zeros(num_rows, dtype=torch.float32)
+
+    def add(self, layer: int, x: Tensor, rope, positions: Tensor, keys: Tensor, visible: Tensor | None) -> None:
+        """``x`` ``[batch, q, d]``: the query rows' input of ``layer`` at ``positions`` ``[q]``; ``keys``
+        ``[batch, kv_heads, N, head_dim]`` the layer's cache after those rows wrote theirs."""
+        ad = self.adapter
+        q = ad.queries(layer, x, rope)  # [b, H, q, hd]
+        k = keys.repeat_interleave(ad.num_heads // ad.num_kv_heads, dim=1).to(q.dtype)
+        logits = (q @ k.transpose(-1, -2)).float() * ad.scaling  # [b, H, q, N]
+        mask = ad.visible_keys(layer, positions, keys.shape[2], visible)
+        if mask is None:
+            mask = torch.arange(keys.shape[2], device=q.device)[None, :] <= positions[:, None]
+        p = logits.masked_fill(~mask, float("-inf")).softmax(-1).sum(dim=(0, 2))  # [H, N]
+        p = p.sum(0) if self.select.heads == "sum" else p.amax(0)
+        self.scores += p.to(self.scores.device)
+
+
