@@ -41,7 +41,7 @@ from .adapters import adapter_for
 from .adapters.base import record_sliding_windows, trim_sliding_windows, write_rows
 from .errors import InputError, NonFiniteError
 from .maps import RidgeMaps
-from .select import AttentionScores, Select
+from .select import AttentionScores, Select, choose_rows
 
 Mode = Literal["ridge", "centred", "identity", "none", "exact"]
 #: ``kv_hook(layer, keys, values, filled_positions) -> (keys, values)``: see :func:`prefill`.
