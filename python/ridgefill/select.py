@@ -42,7 +42,11 @@ class Select:
         before, after: rows added before and after each best-scoring row (a needle's digits follow
             the words the question matches, hence the asymmetric default).
         queries: how many of the last exact rows score the filled rows.
-        heads: ``"sum"`` or ``"max"`` over attention heads.
+        heads: how heads and layers are reduced: ``"sum"`` (sum over heads and layers), ``"max"``
+            (max over heads, sum over layers) or ``"induction"``: only the ``top_heads`` late-layer heads
+            with the highest induction score (:func:`induction_scores`, the copy heads that retrieval
+            needs), max over them and over layers.
+        top_heads: how many heads ``heads="induction"`` keeps.
         rounds: scoring-and-choosing rounds.
         sink: the first ``sink`` rows (the attention sink) are chosen first, without widening, and
             count toward the budget; they take most of every head's attention, so scoring them would
@@ -53,22 +57,25 @@ class Select:
     before: int = 2
     after: int = 12
     queries: int = 1
-    heads: Literal["sum", "max"] = "sum"
+    heads: Literal["sum", "max", "induction"] = "sum"
     rounds: int = 1
     sink: int = 1
+    top_heads: int = 8
 
     def __post_init__(self):
         if not (self.budget > 0 and self.budget < float("inf")):
             raise InputError(f"select budget must be > 0 (a fraction of the prompt < 1, or rows); got {self.budget}")
         if self.budget >= 1 and self.budget != int(self.budget):
             raise InputError(f"select budget ≥ 1 is a row count and must be whole; got {self.budget}")
-        for name in ("before", "after", "sink"):
+        for name in ("before", "after", "sink", "top_heads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise InputError(f"select {name} must be an int ≥ 0; got {getattr(self, name)!r}")
         if not isinstance(self.queries, int) or self.queries < 1:
             raise InputError(f"select queries must be an int ≥ 1; got {self.queries!r}")
-        if self.heads not in ("sum", "max"):
-            raise InputError(f"select heads must be 'sum' or 'max'; got {self.heads!r}")
+        if self.heads not in ("sum", "max", "induction"):
+            raise InputError(f"select heads must be 'sum', 'max' or 'induction'; got {self.heads!r}")
+        if self.top_heads < 1:
+            raise InputError(f"select top_heads must be ≥ 1; got {self.top_heads}")
         if not isinstance(self.rounds, int) or self.rounds < 1:
             raise InputError(f"select rounds must be an int ≥ 1; got {self.rounds!r}")
 
@@ -144,26 +151,87 @@ def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int)
     return chosen.nonzero().flatten()
 
 
+@torch.inference_mode()
+def induction_scores(adapter, length: int = 256, seed: int = 0) -> Tensor:
+    """Per layer and head: the induction (copy) score, ``[layers, heads]`` float32.
+
+    A random sequence of ``length`` token ids (seeded; ids from the upper seven eighths of the
+    vocabulary, away from special tokens) is repeated once and run through the exact model; a head's
+    score is the mean attention each token of the second copy pays to the token that followed its first
+    occurrence (the pattern of induction heads, Olsson et al. 2022, which copying a needle's value
+    needs). No text and no labels: it depends on the weights only. Cached on the adapter.
+    """
+    cached = getattr(adapter, "_induction_scores", None)
+    if cached is not None and cached[0] == (length, seed):
+        return cached[1]
+    vocab = adapter.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(vocab // 8, vocab, (length,), generator=g)
+    device = next(adapter.model.parameters()).device
+    ids = torch.cat([base, base])[None].to(device)
+    n = ids.shape[1]
+    pos = torch.arange(n, device=device)
+    x = adapter.embed(ids)
+    rope = adapter.rope(pos, x)
+    second = torch.arange(length, n - 1, device=device)  # query rows of the second copy (but the last)
+    target = second - length + 1  # the row after each one's first occurrence
+    out = []
+    for layer in range(adapter.num_layers):
+        shape = (1, adapter.num_kv_heads, n, adapter.head_dim)
+        keys = x.new_empty(shape)
+        x_in = x
+        if adapter.is_recurrent(layer):
+            out.append(torch.zeros(adapter.num_heads))
+            x = adapter.layer(layer, x, rope, pos, keys, x.new_empty(shape))
+            continue
+        x = adapter.layer(layer, x, rope, pos, keys, x.new_empty(shape))
+        p = attention_probs(adapter, layer, x_in[:, second], rope.rows(second), second, keys, None)[0]  # [H, q, N]
+        out.append(p[:, torch.arange(second.numel(), device=device), target].mean(-1).float().cpu())
+    scores = torch.stack(out)
+    adapter._induction_scores = ((length, seed), scores)
+    return scores
+
+
+def attention_probs(adapter, layer: int, x: Tensor, rope, positions: Tensor, keys: Tensor,
+                    visible: Tensor | None) -> Tensor:
+    """Softmax attention ``[batch, heads, q, N]`` (float32) of rows with layer input ``x`` ``[batch, q, d]``
+    at ``positions`` ``[q]`` over the ``N`` keys ``[batch, kv_heads, N, head_dim]`` each can see."""
+    q = adapter.queries(layer, x, rope)  # [b, H, q, hd]
+    k = keys.repeat_interleave(adapter.num_heads // adapter.num_kv_heads, dim=1).to(q.dtype)
+    logits = (q @ k.transpose(-1, -2)).float() * adapter.scaling
+    mask = adapter.visible_keys(layer, positions, keys.shape[2], visible)
+    if mask is None:
+        mask = torch.arange(keys.shape[2], device=q.device)[None, :] <= positions[:, None]
+    return logits.masked_fill(~mask, float("-inf")).softmax(-1)
+
+
 class AttentionScores:
     """Accumulates, over late layers, the attention of the last ``select.queries`` exact rows over every
-    position (softmax over the keys each query row can see), reduced over heads by ``select.heads``."""
+    position (softmax over the keys each query row can see), reduced over heads and layers as
+    ``select.heads`` says."""
 
     def __init__(self, adapter, num_rows: int, select: Select):
         self.adapter, self.select = adapter, select
         self.scores = torch.zeros(num_rows, dtype=torch.float32)
+        self.heads = None
+        if select.heads == "induction":
+            ind = induction_scores(adapter)
+            keep = torch.zeros(ind.numel(), dtype=torch.bool)
+            keep[torch.argsort(ind.flatten(), descending=True)[: select.top_heads]] = True
+            self.heads = keep.view_as(ind)  # [layers, H]
 
     def add(self, layer: int, x: Tensor, rope, positions: Tensor, keys: Tensor, visible: Tensor | None) -> None:
         """``x`` ``[batch, q, d]``: the query rows' input of ``layer`` at ``positions`` ``[q]``; ``keys``
         ``[batch, kv_heads, N, head_dim]`` the layer's cache after those rows wrote theirs."""
-        ad = self.adapter
-        q = ad.queries(layer, x, rope)  # [b, H, q, hd]
-        k = keys.repeat_interleave(ad.num_heads // ad.num_kv_heads, dim=1).to(q.dtype)
-        logits = (q @ k.transpose(-1, -2)).float() * ad.scaling  # [b, H, q, N]
-        mask = ad.visible_keys(layer, positions, keys.shape[2], visible)
-        if mask is None:
-            mask = torch.arange(keys.shape[2], device=q.device)[None, :] <= positions[:, None]
-        p = logits.masked_fill(~mask, float("-inf")).softmax(-1).sum(dim=(0, 2))  # [H, N]
-        p = p.sum(0) if self.select.heads == "sum" else p.amax(0)
-        self.scores += p.to(self.scores.device)
+        if self.heads is not None and not bool(self.heads[layer].any()):
+            return  # no kept head in this layer
+        p = attention_probs(self.adapter, layer, x, rope, positions, keys, visible).sum(dim=(0, 2))  # [H, N]
+        p = p.to(self.scores.device)
+        if self.select.heads == "sum":
+            self.scores += p.sum(0)
+        elif self.select.heads == "max":
+            self.scores += p.amax(0)
+        else:
+            self.scores = torch.maximum(self.scores, p[self.heads[layer]].amax(0))
 
 
