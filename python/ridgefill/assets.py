@@ -600,7 +600,8 @@ def _check_gguf_sizes(reader: Any) -> str | None:
             continue
         if name.endswith(".block_count") and blocks and value != max(blocks) + 1:
             return f"{name} = {value} but the tensors hold {max(blocks) + 1} blocks"
-        if name.endswith(".embedding_length") and "token_embd.weight" in dims and value not in dims["token_embd.weight"]:
+        embd = dims.get("token_embd.weight")
+        if name.endswith(".embedding_length") and embd is not None and value not in embd:
             return f"{name} = {value} does not match token_embd.weight {dims['token_embd.weight']}"
         if (name.endswith((".feed_forward_length", ".head_count", ".head_count_kv", ".vocab_size"))
                 and value > max(max(d) for d in dims.values())):
@@ -632,15 +633,17 @@ def check_gguf(path: Path) -> None:
         wrong = _check_gguf_sizes(reader)
     except (ValueError, IndexError, KeyError, OverflowError, TypeError, MemoryError, struct.error, EOFError,
             OSError) as exc:
-        raise AssetError(f"GGUF file {str(path)!r} ({size} bytes) is truncated or corrupted: its header, "
+        raise AssetError(f"could not load GGUF file {str(path)!r} ({size} bytes): it is truncated or corrupted: "
+                         "its header, "
                          f"key/value metadata or tensor index cannot be read ({type(exc).__name__}: {exc}); "
                          f"{fix}") from exc
     if not reader.tensors:
-        raise AssetError(f"GGUF file {str(path)!r} holds no tensors; {fix}")
+        raise AssetError(f"could not load GGUF file {str(path)!r}: it holds no tensors; {fix}")
     if wrong:
-        raise AssetError(f"GGUF file {str(path)!r} is corrupted: {wrong}; {fix}")
+        raise AssetError(f"could not load GGUF file {str(path)!r}: it is corrupted: {wrong}; {fix}")
     if max(ends) > size:
-        raise AssetError(f"GGUF file {str(path)!r} is truncated: its tensor data needs {max(ends)} bytes, "
+        raise AssetError(f"could not load GGUF file {str(path)!r}: it is truncated: its tensor data needs "
+                         f"{max(ends)} bytes, "
                          f"the file has {size}; {fix}")
     # a corrupted tensor index can point a tensor into another one's bytes: offsets must be aligned and
     # the tensors' byte ranges disjoint
@@ -648,7 +651,8 @@ def check_gguf(path: Path) -> None:
     align = int(getattr(reader, "alignment", 32) or 32)
     for (start, end, name), nxt in zip(spans, spans[1:] + [None]):
         if (start - int(reader.data_offset)) % align or (nxt is not None and nxt[0] < end):
-            raise AssetError(f"GGUF file {str(path)!r} is corrupted: tensor {name!r} at byte {start} is "
+            raise AssetError(f"could not load GGUF file {str(path)!r}: it is corrupted: tensor {name!r} at byte "
+                             f"{start} is "
                              f"misaligned or overlaps the next tensor; {fix}")
 
 

@@ -2,8 +2,10 @@
 
 Tensors: ``weights`` ``[layers, d, d]`` and ``biases`` ``[layers, d]`` (float32), where entry ``i`` is
 late layer ``S + 1 + i``. Metadata (a JSON string under the key ``ridgefill``): format version, model
-name, model hash (config and weight shapes), weight fingerprint, split ``S``, ``λ`` per layer, calibration
-token count, text SHA-256 and held-out diagnostics. Files are written atomically: a failed or
+name, model hash (config and weight shapes), weight fingerprint (exact, in the fitting dtype), weight sample
+(the first values of every weight, which recognise the same weights loaded in another dtype), the fitting
+dtype and device, split ``S``, ``λ`` per layer, calibration token count, text SHA-256 and held-out
+diagnostics. :func:`load_maps` checks the types of the keys it reads and keeps any other keys as they are. Files are written atomically: a failed or
 interrupted save never replaces an existing file.
 
 Beside a maps file ``<name>.safetensors``, :meth:`RidgeMaps.save` also writes the float64 statistics the
