@@ -564,6 +564,45 @@ def test_concurrent_saves_leave_a_matching_pair(tmp_path):
     assert smeta["maps_sha256"] == maps_digest(m.weights, m.biases)
 
 
+def test_maps_file_replaced_while_read(tmp_path, maps, monkeypatch):
+    """A maps file replaced (renamed over) between reading its metadata and its tensors loads whole: the
+    old file's metadata with the old file's tensors, never a mix."""
+    import ridgefill.maps as maps_module
+
+    path = maps.save(tmp_path / "m.safetensors")
+    newer = RidgeMaps(maps.split, maps.weights + 1, maps.biases - 1, [7.0] * len(maps.lambdas),
+                      dict(maps.meta)).save(tmp_path / "new.safetensors")
+    real = maps_module.safe_open
+
+    class Racing:
+        def __init__(self, *args, **kwargs):
+            self.f = real(*args, **kwargs)
+
+        def __enter__(self):
+            self.inner = self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def metadata(self):
+            out = self.inner.metadata()
+            os.replace(newer, path)  # another run replaces the file right now
+            return out
+
+        def keys(self):
+            return self.inner.keys()
+
+        def get_tensor(self, k):
+            return self.inner.get_tensor(k)
+
+    monkeypatch.setattr(maps_module, "safe_open", Racing)
+    got = load_maps(path)
+    assert got.lambdas == maps.lambdas and torch.equal(got.weights, maps.weights)
+    monkeypatch.setattr(maps_module, "safe_open", real)
+    assert load_maps(path).lambdas == [7.0] * len(maps.lambdas)  # the replacement is what is there now
+
+
 def test_save_without_stats_removes_stale_stats(tmp_path, maps):
     path = maps.save(tmp_path / "m.safetensors")
     assert stats_path(path).exists()
