@@ -6,6 +6,7 @@ to 0 and 1), so dropping a bias or misplacing a norm changes the results. Refere
 ``transformers`` forward and ``model.generate``.
 """
 
+import numpy as np
 import pytest
 import torch
 from ridgefill import generate_after, prefill
@@ -232,6 +233,7 @@ def test_unsupported_gguf_is_refused_from_its_header(tmp_path):
     def write(name, arch, model_name):
         w = gguf.GGUFWriter(str(tmp_path / name), arch)
         w.add_name(model_name)
+        w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))  # a well-formed file: one tensor
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()

@@ -32,6 +32,7 @@ import json
 import lzma
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -574,6 +575,158 @@ def check_model_type(directory: Path, gguf_name: str | None = None) -> str:
     return model_type
 
 
+#: What transformers raises on model files it cannot read (found by fuzzing GGUF headers whose bytes
+#: still parse: a changed size can reach a shape check, a division or a missing config field).
+_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, IndexError, TypeError, AttributeError,
+                ZeroDivisionError, OverflowError, struct.error, EOFError)
+
+
+_GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def _walk_gguf(f, size: int) -> None:
+    """Walk a GGUF header (magic, version, counts, key/value metadata, tensor index) checking that every
+    length and count fits in the ``size`` bytes of the file, so that no reader loops or allocates by a
+    corrupted count. Raises ``ValueError`` naming the first problem."""
+    pos = 0
+
+    def take(n: int) -> bytes:
+        nonlocal pos
+        if n < 0 or pos + n > size:
+            raise ValueError(f"needs {n} bytes at byte {pos}, beyond the end of the file ({size} bytes)")
+        pos += n
+        return f.read(n)
+
+    def u32() -> int:
+        return struct.unpack("<I", take(4))[0]
+
+    def u64() -> int:
+        return struct.unpack("<Q", take(8))[0]
+
+    def skip_string() -> None:
+        take(u64())
+
+    def skip_value(kind: int, depth: int = 0) -> None:
+        if kind in _GGUF_SCALAR:
+            take(_GGUF_SCALAR[kind])
+        elif kind == _GGUF_STRING:
+            skip_string()
+        elif kind == _GGUF_ARRAY and depth < 4:
+            item, count = u32(), u64()
+            if item in _GGUF_SCALAR:
+                take(count * _GGUF_SCALAR[item])
+            elif count > (size - pos) // 8:
+                raise ValueError(f"an array of {count} items at byte {pos} cannot fit in the file")
+            else:
+                for _ in range(count):
+                    skip_value(item, depth + 1)
+        else:
+            raise ValueError(f"unknown value type {kind} at byte {pos}")
+
+    if take(4) != b"GGUF":
+        raise ValueError("no GGUF magic at the start")
+    version = u32()
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version} is not 2 or 3")
+    tensors, kvs = u64(), u64()
+    if kvs > size // 13 or tensors > size // 24:  # smallest possible key/value and tensor records
+        raise ValueError(f"{kvs} key/value pairs and {tensors} tensors cannot fit in {size} bytes")
+    for _ in range(kvs):
+        skip_string()
+        skip_value(u32())
+    for _ in range(tensors):
+        skip_string()
+        dims = u32()
+        if not 1 <= dims <= 4:
+            raise ValueError(f"a tensor with {dims} dimensions at byte {pos} (GGML allows 1 to 4)")
+        take(8 * dims + 4 + 8)
+
+
+def _check_gguf_sizes(reader: Any) -> str | None:
+    """The first model size in the metadata that disagrees with the tensors (a corrupted size would make
+    transformers build a model of the wrong, possibly huge, size), or ``None``."""
+    dims: dict[str, list[int]] = {t.name: [int(x) for x in t.shape] for t in reader.tensors}
+    blocks = {int(n.split(".")[1]) for n in dims if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    for field in reader.fields.values():
+        name = field.name
+        if field.types and len(field.types) == 1 and field.types[0].value in (4, 5, 10, 11) and field.data:
+            value = int(field.parts[field.data[0]][0])
+        else:
+            continue
+        if name.endswith(".block_count") and blocks and value != max(blocks) + 1:
+            return f"{name} = {value} but the tensors hold {max(blocks) + 1} blocks"
+        embd = dims.get("token_embd.weight")
+        if name.endswith(".embedding_length") and embd is not None and value not in embd:
+            return f"{name} = {value} does not match token_embd.weight {dims['token_embd.weight']}"
+        if (name.endswith((".feed_forward_length", ".head_count", ".head_count_kv", ".vocab_size"))
+                and value > max(max(d) for d in dims.values())):
+            return f"{name} = {value} is larger than every tensor dimension"
+    return None
+
+
+def check_gguf(path: Path) -> None:
+    """Check a GGUF file before transformers reads it: every length and count in its header, key/value
+    metadata and tensor index fits in the file; the ``gguf`` package reads them; every tensor's data
+    lies inside the file, aligned, not overlapping another; and the model sizes in the metadata
+    (block count, embedding length, ...) agree with the tensors.
+
+    Raises:
+        AssetError: the file is truncated (in its metadata, its tensor index or its tensor data) or
+            corrupted; the message names the file and the problem.
+    """
+    try:
+        from gguf import GGUFReader
+    except ImportError as exc:  # pragma: no cover - gguf is a dependency
+        raise AssetError("reading .gguf files needs the `gguf` package: pip install gguf") from exc
+    fix = "download the file again (compare its size and SHA-256 with the source)"
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            _walk_gguf(f, size)
+        reader = GGUFReader(str(path))
+        ends = [int(t.data_offset) + int(t.n_bytes) for t in reader.tensors]
+        wrong = _check_gguf_sizes(reader)
+    except (ValueError, IndexError, KeyError, OverflowError, TypeError, MemoryError, struct.error, EOFError,
+            OSError) as exc:
+        raise AssetError(f"could not load GGUF file {str(path)!r} ({size} bytes): it is truncated or corrupted: "
+                         "its header, "
+                         f"key/value metadata or tensor index cannot be read ({type(exc).__name__}: {exc}); "
+                         f"{fix}") from exc
+    if not reader.tensors:
+        raise AssetError(f"could not load GGUF file {str(path)!r}: it holds no tensors; {fix}")
+    if wrong:
+        raise AssetError(f"could not load GGUF file {str(path)!r}: it is corrupted: {wrong}; {fix}")
+    if max(ends) > size:
+        raise AssetError(f"could not load GGUF file {str(path)!r}: it is truncated: its tensor data needs "
+                         f"{max(ends)} bytes, "
+                         f"the file has {size}; {fix}")
+    # a corrupted tensor index can point a tensor into another one's bytes: offsets must be aligned and
+    # the tensors' byte ranges disjoint
+    spans = sorted((int(t.data_offset), end, t.name) for t, end in zip(reader.tensors, ends))
+    align = int(getattr(reader, "alignment", 32) or 32)
+    for (start, end, name), nxt in zip(spans, spans[1:] + [None]):
+        if (start - int(reader.data_offset)) % align or (nxt is not None and nxt[0] < end):
+            raise AssetError(f"could not load GGUF file {str(path)!r}: it is corrupted: tensor {name!r} at byte "
+                             f"{start} is "
+                             f"misaligned or overlaps the next tensor; {fix}")
+
+
+def _check_loading_info(info: dict, spec: str, gguf: bool) -> None:
+    """Refuse a model some of whose weights were not in the files (transformers would leave them
+    randomly initialised) or had another shape."""
+    source = "the GGUF file" if gguf else "the model's weight files"
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise AssetError(f"model {spec!r}: {len(missing)} expected weight(s) are missing from {source}, e.g. "
+                         f"{', '.join(missing[:5])}; they would be left randomly initialised. The file is "
+                         "incomplete or written for another architecture: use a complete model file")
+    mismatched = sorted(str(k) for k in (info.get("mismatched_keys") or ()))
+    if mismatched:
+        raise AssetError(f"model {spec!r}: weight(s) of the wrong shape in {source}, e.g. "
+                         f"{', '.join(mismatched[:5])}; use a complete, unmodified model file")
+
+
 def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> tuple[Any, Any, str]:
     """Load a causal language model and its tokenizer from local files only.
@@ -593,7 +746,10 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype
 
     Raises:
         AssetError: the spec is not one of the forms above, the path does not exist, the files cannot
-            be loaded, or the default model cannot be fetched.
+            be loaded (a GGUF truncated or corrupted anywhere, :func:`check_gguf`), an expected weight
+            is missing from the files or has another shape (it would otherwise be left randomly
+            initialised; the message names it), ``dtype`` is not a floating dtype, or the default model
+            cannot be fetched.
         UnsupportedModelError: the config's (or GGUF's) model type has no adapter; raised by
             :func:`check_model_type` before any weight is read.
     """
@@ -623,16 +779,21 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype
     else:
         raise _spec_error(spec, "expected None, a string or a path")
 
-    check_model_type(Path(directory), gguf_name)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise AssetError(f"dtype must be a floating torch dtype such as torch.float32 or torch.bfloat16; got {dtype!r}")
     kwargs: dict[str, Any] = {"local_files_only": True}
     if gguf_name is not None:
         kwargs["gguf_file"] = gguf_name
+        check_gguf(Path(directory) / gguf_name)  # first: a corrupted header must not reach any GGUF reader
+    check_model_type(Path(directory), gguf_name)
     try:
         tok = AutoTokenizer.from_pretrained(str(directory), **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, **kwargs)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        model, info = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, output_loading_info=True,
+                                                           **kwargs)
+    except _LOAD_ERRORS as exc:
         raise AssetError(f"could not load model spec {str(spec)!r} from {directory}: "
                          f"{type(exc).__name__}: {exc}") from exc
+    _check_loading_info(info, str(spec) if spec is not None else name, gguf_name is not None)
     try:
         model = model.to(device)
     except (RuntimeError, ValueError) as exc:

@@ -4,12 +4,16 @@ For each chunk of ``chunk`` tokens the model runs layers ``0..L-2`` (through its
 layer code the fill uses) and the pairs ``(h_S, x_l)`` for every late layer ``l > S`` are added to
 float64 sufficient statistics (:class:`ridgefill.ridge.RidgeStats`); activations are dropped after each
 chunk, so memory does not grow with the amount of text. Every ``heldout_every``-th chunk goes to
-held-out statistics, which choose ``λ`` per layer when ``lam="auto"``.
+held-out statistics, which choose ``λ`` per layer when ``lam="auto"``. With a ``checkpoint`` file the
+statistics are saved every few chunks and an interrupted pass resumes from them
+(:mod:`ridgefill.checkpoint`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
@@ -18,7 +22,9 @@ from tqdm.auto import tqdm
 
 from .adapters import adapter_for
 from .errors import InputError
-from .maps import RidgeMaps, model_hash, weight_fingerprint
+from .checkpoint import chunks_digest, load_checkpoint, save_checkpoint
+from .maps import RidgeMaps, model_hash, model_provenance, weight_fingerprint
+from .validate import check_int, check_real
 from .ridge import RidgeStats, fit_maps
 
 
@@ -122,6 +128,7 @@ TARGETS: tuple[str, ...] = ("inputs", "kv")
 @torch.inference_mode()
 def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits: Sequence[int], *,
                        heldout_every: int = 8, progress: bool = True,
+                       checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 16,
                        targets: str = "inputs") -> dict[int, tuple[RidgeStats, RidgeStats]]:
     """:func:`collect_stats` for several splits from one forward pass per chunk (the pass dominates).
 
@@ -129,21 +136,32 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
     (``[rows, hidden]``); ``"kv"``, each late layer's pre-RoPE keys and values
     (:meth:`~ridgefill.adapters.LlamaAdapter.kv_targets`, ``[rows, 2·kv_dim]``): K/V maps.
 
+    Args:
+        checkpoint: a file (:func:`ridgefill.checkpoint.checkpoint_path`) to save the statistics to
+            every ``checkpoint_every`` chunks and after the last; when it exists and was written with
+            the same settings (model, dtype, splits, held-out period, chunks, targets), the pass resumes
+            after its last saved chunk, and the result equals an uninterrupted pass bit for bit. It is
+            left in place: delete it once the maps are saved. ``None``: no checkpoint.
+
     Returns:
         ``{S: (fit, heldout)}`` for every ``S`` in ``splits``; identical to calling
         :func:`collect_stats` once per split.
 
     Raises:
-        InputError: a split out of range, no splits or no chunks. NonFiniteError: NaN/Inf activations.
+        InputError: a split out of range, no splits or no chunks, a bad ``heldout_every`` or
+            ``checkpoint_every``, or a checkpoint written with other settings.
+        MapsFormatError: an unreadable checkpoint. NonFiniteError: NaN/Inf activations.
     """
     adapter = adapter_for(model)
     L = adapter.num_layers
-    splits = sorted(set(int(s) for s in splits))
+    if isinstance(splits, (str, bytes)) or not hasattr(splits, "__iter__"):
+        raise InputError(f"splits must be a sequence of integers; got {splits!r}")
+    splits = sorted(set(check_int(s, "split S", lo=0, hi=L - 2, hint=f"this model has {L} layers")
+                        for s in splits))
     if not splits:
         raise InputError("no split given: pass at least one split S")
-    for split in splits:
-        if not 0 <= split <= L - 2:
-            raise InputError(f"split S={split} is out of range: this model has {L} layers, so 0 ≤ S ≤ {L - 2}")
+    check_int(heldout_every, "heldout_every", lo=1)
+    check_int(checkpoint_every, "checkpoint_every", lo=1)
     if not chunks:
         raise InputError("no calibration chunks: the calibration text is empty")
     if targets not in TARGETS:
@@ -153,9 +171,19 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
              for s in splits}
     first = splits[0]
     device = next(model.parameters()).device
+    done = 0
+    if checkpoint is not None:
+        settings = {"model_hash": model_hash(model), "weight_fingerprint": weight_fingerprint(model),
+                    "weights_dtype": str(next(model.parameters()).dtype), "splits": splits,
+                    "heldout_every": heldout_every, "chunks": len(chunks), "chunks_sha256": chunks_digest(chunks),
+                    "targets": targets}
+        if Path(checkpoint).exists():
+            shapes = {s: (L - s - 1, adapter.hidden_size, k, targets) for s in splits}
+            done, stats = load_checkpoint(checkpoint, settings, shapes)
     label = f"S={first}" if len(splits) == 1 else "S=" + ",".join(map(str, splits))
-    for i, ids in enumerate(tqdm(chunks, desc=f"calibrate {label}", unit="chunk", disable=not progress)):
-        ids = ids.to(device)[None]
+    bar = tqdm(total=len(chunks), initial=done, desc=f"calibrate {label}", unit="chunk", disable=not progress)
+    for i in range(done, len(chunks)):
+        ids = chunks[i].to(device)[None]
         positions = torch.arange(ids.shape[1], device=device)
         x = adapter.embed(ids)
         rope = adapter.rope(positions, x)
@@ -173,12 +201,17 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
         held = i % heldout_every == heldout_every - 1
         for split, (fit_s, held_s) in stats.items():
             (held_s if held else fit_s).update(hs[split - first], xs[split - first:])
+        bar.update()
+        if checkpoint is not None and ((i + 1) % checkpoint_every == 0 or i + 1 == len(chunks)):
+            save_checkpoint(checkpoint, settings, i + 1, stats)
+    bar.close()
     return stats
 
 
 def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *, split: int,
               tokens: int | None, chunk: int = 1024, lam: float | str = "auto", heldout_every: int = 8,
-              model_name: str = "", progress: bool = True, targets: str = "inputs") -> RidgeMaps:
+              model_name: str = "", progress: bool = True, checkpoint: str | os.PathLike | None = None,
+              checkpoint_every: int = 16, targets: str = "inputs") -> RidgeMaps:
     """Fit RidgeFill maps for ``model`` at ``split`` on ``texts`` (paper, "Approach").
 
     Args:
@@ -188,40 +221,66 @@ def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[
         lam: ``λ`` (number ``≥ 0``) or ``"auto"`` (per layer, by held-out error).
         targets: ``"inputs"`` (the maps predict each late layer's input, the paper's maps) or ``"kv"``
             (K/V maps: each late layer's pre-RoPE keys and values; see :func:`collect_stats_many`).
+        checkpoint, checkpoint_every: save the statistics every ``checkpoint_every`` chunks and resume
+            from them after an interruption (:func:`collect_stats_many`); the caller deletes the
+            checkpoint once the maps are saved (``ridgefill calibrate`` and ``ridgefill run`` do).
 
     Returns:
         :class:`RidgeMaps` (float32) with provenance metadata; save with :meth:`RidgeMaps.save`.
 
     Raises:
-        InputError, SingularGramError, NonFiniteError: see :func:`calibration_chunks`,
-        :func:`collect_stats` and :func:`ridgefill.ridge.fit_maps`.
+        InputError: a bad argument (``split``, ``tokens``, ``chunk``, ``heldout_every`` not integers in
+            range, ``lam`` not ``"auto"`` or a finite number ``≥ 0``, ``texts`` not strings), checked
+            before the pass; see also :func:`calibration_chunks` and :func:`collect_stats_many`.
+        SingularGramError, NonFiniteError, MapsFormatError: see :func:`collect_stats_many` and
+            :func:`ridgefill.ridge.fit_maps`.
     """
+    check_int(split, "split S", lo=0)
     return calibrate_many(model, tokenizer, texts, splits=(split,), tokens=tokens, chunk=chunk, lam=lam,
                           heldout_every=heldout_every, model_name=model_name, progress=progress,
-                          targets=targets)[split]
+                          checkpoint=checkpoint, checkpoint_every=checkpoint_every, targets=targets)[split]
 
 
 def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *,
                    splits: Sequence[int], tokens: int | None, chunk: int = 1024, lam: float | str = "auto",
                    heldout_every: int = 8, model_name: str = "", progress: bool = True,
+                   checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 16,
                    targets: str = "inputs") -> dict[int, RidgeMaps]:
     """:func:`calibrate` at several splits from one pass over the text (:func:`collect_stats_many`).
 
     Returns:
         ``{S: RidgeMaps}``, each identical to ``calibrate(..., split=S)`` with the same arguments.
     """
+    if isinstance(texts, (str, bytes)):
+        raise InputError("texts must be a list of strings or a {name: text} mapping, not one string "
+                         "(it would be read character by character): pass [text]")
     text_list = list(texts.values()) if isinstance(texts, Mapping) else list(texts)
+    bad = [type(t).__name__ for t in text_list if not isinstance(t, str)]
+    if bad:
+        raise InputError(f"every calibration text must be a str; got {bad[:5]}")
+    if tokens is not None:
+        check_int(tokens, "tokens", lo=1, hint="or None for all of the text")
+    check_int(chunk, "chunk", lo=2, hint="1024 is typical")
+    check_int(heldout_every, "heldout_every", lo=1)
+    if not isinstance(model_name, str):
+        raise InputError(f"model_name must be a str; got {type(model_name).__name__}")
+    if isinstance(lam, (list, tuple)):
+        for v in lam:
+            check_real(v, "every λ in the list", lo=0.0)
+    elif lam != "auto":
+        check_real(lam, "λ", lo=0.0, hint="or 'auto' (per layer, by held-out error)")
     chunks = calibration_chunks(tokenizer, text_list, tokens, chunk)
     if lam == "auto" and len(chunks) < 2:
         raise InputError("λ='auto' needs at least 2 chunks (one held out); calibrate on more tokens or give λ")
     # hold out every heldout_every-th chunk (at least one when there are two or more chunks)
     every = min(heldout_every, len(chunks)) if len(chunks) >= 2 else len(chunks) + 1
-    collected = collect_stats_many(model, chunks, splits, heldout_every=every, progress=progress, targets=targets)
+    collected = collect_stats_many(model, chunks, splits, heldout_every=every, progress=progress,
+                                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, targets=targets)
     out = {}
+    provenance = model_provenance(model)
     for split, (fit, held) in collected.items():
         result = fit_maps(fit, lam, held if held.count else None)
-        meta = {"model_name": model_name, "model_hash": model_hash(model),
-                "weight_fingerprint": weight_fingerprint(model), "calibration_tokens": fit.count + held.count,
+        meta = {"model_name": model_name, **provenance, "calibration_tokens": fit.count + held.count,
                 "heldout_tokens": held.count, "chunk": chunk, "text_sha256": text_hash(text_list),
                 "lambda_spec": str(lam), "heldout_rel_error": result.heldout_rel_error,
                 "heldout_rel_error_identity": result.heldout_rel_error_identity, "kind": targets}

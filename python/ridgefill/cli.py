@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--targets", default="inputs", choices=["inputs", "kv"],
                    help="what the maps predict from h_S: each late layer's input (default) or its pre-RoPE "
                         "keys and values (K/V maps)")
-    p.add_argument("--out", required=True, help="maps file to write (.safetensors); written atomically")
+    p.add_argument("--out", required=True, help="maps file to write (.safetensors); written atomically. The "
+                   "statistics are checkpointed beside it (<name>.checkpoint.safetensors) every 16 chunks: "
+                   "an interrupted run resumes from there when rerun with the same settings")
 
     p = sub.add_parser("generate", help="prefill a prompt with RidgeFill and continue greedily")
     _model_args(p)
@@ -124,12 +126,18 @@ def _read_text(path: str) -> str:
     p = Path(path)
     if not p.is_file():
         raise InputError(f"text file {path!r} does not exist")
-    return p.read_text(encoding="utf-8")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"text file {path!r} is not UTF-8 text ({e}); convert it to UTF-8") from None
+    except OSError as e:
+        raise InputError(f"cannot read text file {path!r}: {e}") from None
 
 
 def _cmd_calibrate(a) -> None:
     from .assets import CALIBRATION_BOOKS, load_model, load_texts
     from .calibrate import calibrate
+    from .checkpoint import checkpoint_path
 
     model, tok, name = load_model(a.model)
     if a.text:
@@ -137,9 +145,13 @@ def _cmd_calibrate(a) -> None:
     else:
         all_texts = load_texts()
         texts = {k: all_texts[k] for k in CALIBRATION_BOOKS}
+    ckpt = checkpoint_path(a.out)
+    if ckpt.exists():
+        print(f"resuming the calibration from the checkpoint {ckpt}", file=sys.stderr)
     maps = calibrate(model, tok, texts, split=a.split, tokens=a.tokens or None, chunk=a.chunk, lam=a.lam,
-                     model_name=name, targets=a.targets)
+                     model_name=name, targets=a.targets, checkpoint=ckpt)
     maps.save(a.out)
+    ckpt.unlink(missing_ok=True)
     print(f"wrote {a.out}: S={maps.split}, {maps.meta['calibration_tokens']} tokens, "
           f"λ per layer {[f'{v:.3g}' for v in maps.lambdas]}")
     if maps.meta.get("heldout_rel_error"):

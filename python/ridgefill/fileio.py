@@ -1,12 +1,14 @@
-"""Atomic file writes: a failed or interrupted write never replaces an existing file."""
+"""Atomic file writes (a failed or interrupted write never replaces an existing file) and a lock for
+writing files that belong together."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
@@ -36,3 +38,27 @@ def write_json(path: str | os.PathLike, obj) -> Path:
     """Write ``obj`` as indented JSON, atomically."""
     text = json.dumps(obj, indent=2, sort_keys=False) + "\n"
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive advisory lock (``fcntl.flock``) on the lock file ``path`` while the block runs.
+
+    Writers of files that belong together (a maps file and its statistics) take the same lock, so two
+    processes cannot interleave their writes. The lock file is created if needed and left in place
+    (removing it would race with a waiting process). Where ``fcntl`` is unavailable (not POSIX) this is a
+    no-op.
+    """
+    path = Path(path)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)

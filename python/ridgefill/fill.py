@@ -42,6 +42,7 @@ from .adapters.base import record_sliding_windows, trim_sliding_windows, write_r
 from .errors import InputError, NonFiniteError
 from .maps import RidgeMaps
 from .select import AttentionScores, Select, choose_rows
+from .validate import binds_prompt, check_choice, check_int, check_rows, prompt_digest
 
 Mode = Literal["ridge", "centred", "identity", "none", "exact"]
 #: ``kv_hook(layer, keys, values, filled_positions) -> (keys, values)``: see :func:`prefill`.
@@ -63,6 +64,10 @@ class PrefillResult:
         mode: the mode used.
         selected: sorted ``int64`` ``[k]``: the rows chosen by ``select`` (a subset of
             ``exact_positions``); ``None`` without selection.
+        prompt_rows: ``N``, the length of the prompt prefilled (set by :func:`prefill`).
+        prompt_sha256: :func:`ridgefill.validate.prompt_digest` of its ``input_ids`` (set by :func:`prefill`);
+            :func:`generate_after` refuses other ids.
+        consumed: set by :func:`generate_after`, which extends ``cache`` in place: a result decodes once.
     """
 
     cache: object
@@ -71,6 +76,9 @@ class PrefillResult:
     split: int | None
     mode: str
     selected: Tensor | None = None
+    prompt_rows: int | None = None
+    prompt_sha256: str | None = None
+    consumed: bool = False
 
 
 def exact_positions(num_rows: int, tail: int, exact_rows: Iterable[int] = ()) -> Tensor:
@@ -119,6 +127,7 @@ def _check_finite(x: Tensor, where: str) -> None:
                              "maps and the dtype (float16 can overflow: use float32 or bfloat16)")
 
 
+@binds_prompt
 @torch.inference_mode()
 def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = None, *, tail: int,
             exact_rows: Iterable[int] = (), mode: Mode = "ridge", split: int | None = None,
@@ -155,21 +164,34 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         given as ``exact_rows`` (up to float rounding).
 
     Raises:
-        InputError: bad shapes, mode, tail, exact rows, split or selection; on models with recurrent-state
-            layers (:class:`~ridgefill.adapters.HybridAdapter`), exact rows outside the tail, a
-            ``kv_hook``, ``select`` or K/V maps.
+        InputError: a bad type, shape or value of ``input_ids``, ``mode``, ``tail`` (an integer, not a
+            float or bool), ``exact_rows``, ``split``, ``logits`` (only ``"last"`` or ``"exact"``), ``maps``
+            or ``select``; on models with recurrent-state layers (:class:`~ridgefill.adapters.HybridAdapter`),
+            exact rows outside the tail, a ``kv_hook``, ``select`` or K/V maps.
         MapsMismatchError: ``maps`` belong to another model or split.
         NonFiniteError: NaN/Inf activations.
     """
-    if mode not in MODES:
-        raise InputError(f"mode must be one of {MODES}; got {mode!r}")
-    if input_ids.ndim != 2 or input_ids.shape[1] < 1 or input_ids.dtype != torch.long:
-        raise InputError(f"input_ids must be an int64 tensor [batch, rows]; got {input_ids.dtype} "
-                         f"{tuple(input_ids.shape)}")
+    check_choice(mode, "mode", MODES)
+    if not isinstance(input_ids, Tensor) or input_ids.ndim != 2 or input_ids.shape[1] < 1 \
+            or input_ids.dtype != torch.long:
+        got = f"{input_ids.dtype} {tuple(input_ids.shape)}" if isinstance(input_ids, Tensor) else type(input_ids).__name__
+        raise InputError(f"input_ids must be an int64 tensor [batch, rows]; got {got}")
+    if select is not None and not isinstance(select, Select):
+        raise InputError(f"select must be a ridgefill.select.Select or None; got {type(select).__name__}")
     if select is not None and mode in ("exact", "none"):
         raise InputError(f"select chooses exact rows from the attention to the filled rows' K/V; mode {mode!r} "
                          "has none: use it with 'ridge', 'centred' or 'identity'")
     n = input_ids.shape[1]
+    check_int(tail, "tail", lo=1, hi=n, hint="the last row must be exact and the tail cannot be longer than "
+              "the prompt (use mode='exact' to run every row exactly)")
+    exact_rows = check_rows(exact_rows, "exact_rows", n)
+    check_choice(logits, "logits", ("last", "exact"))
+    if split is not None:
+        check_int(split, "split", lo=0)
+    if maps is not None and not isinstance(maps, RidgeMaps):
+        raise InputError(f"maps must be a RidgeMaps (ridgefill.load_maps) or None; got {type(maps).__name__}")
+    if kv_hook is not None and not callable(kv_hook):
+        raise InputError(f"kv_hook must be callable or None; got {type(kv_hook).__name__}")
     ex = exact_positions(n, tail, exact_rows).to(input_ids.device)
     if mode == "exact":
         return _prefill_exact(model, input_ids, ex, logits)
@@ -386,9 +408,33 @@ def generate_after(model: torch.nn.Module, input_ids: Tensor, result: PrefillRes
     that, see :func:`ridgefill.adapters.base.trim_sliding_windows`). ``result.cache`` is consumed: it is cropped and
     then extended by the decoding steps, so call this once per :class:`PrefillResult`.
 
+    Args:
+        input_ids: the ``[batch, N]`` int64 prompt that :func:`prefill` returned ``result`` for.
+        result: a :class:`PrefillResult` not yet decoded from.
+        max_new_tokens: number of tokens to generate, ``≥ 1``.
+
     Returns:
         ``[batch, max_new_tokens]`` int64 new tokens.
+
+    Raises:
+        InputError: ``result`` was already decoded from (prefill again), ``input_ids`` are not the
+            prompt ``result`` was prefilled from, ``max_new_tokens`` is not a positive integer, or
+            a sliding-window layer's cache is too short to decode from.
     """
+    if not isinstance(result, PrefillResult):
+        raise InputError(f"result must be the PrefillResult of ridgefill.prefill; got {type(result).__name__}")
+    check_int(max_new_tokens, "max_new_tokens", lo=1)
+    if result.consumed:
+        raise InputError("this PrefillResult was already decoded from: generate_after extends its cache in "
+                         "place, so a second call would continue from the wrong cache; call prefill again")
+    if not isinstance(input_ids, Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:
+        raise InputError("input_ids must be the int64 [batch, rows] prompt given to prefill")
+    if result.prompt_rows is not None and input_ids.shape[1] != result.prompt_rows:
+        raise InputError(f"input_ids have {input_ids.shape[1]} rows but the cache was prefilled from "
+                         f"{result.prompt_rows}: pass the same input_ids that prefill was given")
+    if result.prompt_sha256 is not None and prompt_digest(input_ids) != result.prompt_sha256:
+        raise InputError(f"input_ids {tuple(input_ids.shape)} are not the tokens this cache was prefilled "
+                         "from: pass the same input_ids that prefill was given, or prefill these")
     cache = result.cache
     seq = cache.get_seq_length()
     for layer, entry in enumerate(cache.layers):  # sliding-window layers (Gemma 3) need a whole window
@@ -398,6 +444,7 @@ def generate_after(model: torch.nn.Module, input_ids: Tensor, result: PrefillRes
                              f"{entry.keys.shape[-2]} rows, fewer than the min({seq}, {window}) that decoding "
                              "needs. Mode 'none' with tail < sliding_window leaves late sliding layers with the "
                              "exact rows only: use tail >= sliding_window or another mode")
+    result.consumed = True
     if any(hasattr(entry, "recurrent_states") for entry in cache.layers):
         return _generate_after_recurrent(model, input_ids, result, max_new_tokens)
     cache.crop(-1)

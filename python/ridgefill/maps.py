@@ -2,8 +2,10 @@
 
 Tensors: ``weights`` ``[layers, d, d]`` and ``biases`` ``[layers, d]`` (float32), where entry ``i`` is
 late layer ``S + 1 + i``. Metadata (a JSON string under the key ``ridgefill``): format version, model
-name, model hash (config and weight shapes), weight fingerprint, split ``S``, ``λ`` per layer, calibration
-token count, text SHA-256 and held-out diagnostics. Files are written atomically: a failed or
+name, model hash (config and weight shapes), weight fingerprint (exact, in the fitting dtype), weight sample
+(the first values of every weight, which recognise the same weights loaded in another dtype), the fitting
+dtype and device, split ``S``, ``λ`` per layer, calibration token count, text SHA-256 and held-out
+diagnostics. :func:`load_maps` checks the types of the keys it reads and keeps any other keys as they are. Files are written atomically: a failed or
 interrupted save never replaces an existing file.
 
 Beside a maps file ``<name>.safetensors``, :meth:`RidgeMaps.save` also writes the float64 statistics the
@@ -15,18 +17,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 
 from .errors import InputError, MapsFormatError, MapsMismatchError
-from .fileio import atomic_write
+from .fileio import atomic_write, file_lock
 from .ridge import RidgeStats
+from .validate import is_int, is_real
 
 FORMAT_VERSION = 1
 _CONFIG_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -50,6 +55,50 @@ def weight_fingerprint(model: torch.nn.Module) -> str:
         h.update(name.encode())
         h.update(p.detach().flatten()[:16].to(torch.float32).cpu().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+#: Values taken from the start of every weight for :func:`weight_sample`.
+SAMPLE_VALUES = 4
+
+
+def weight_sample(model: torch.nn.Module) -> list[float]:
+    """The first :data:`SAMPLE_VALUES` values of every weight, as Python floats, in parameter order.
+
+    Stored in the maps' metadata so :meth:`RidgeMaps.check_model` can recognise the same weights loaded
+    in another dtype (the values then agree to that dtype's rounding) or on another device."""
+    out: list[float] = []
+    for _, p in model.named_parameters():
+        out.extend(p.detach().flatten()[:SAMPLE_VALUES].to(device="cpu", dtype=torch.float64).tolist())
+    return out
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def model_provenance(model: torch.nn.Module) -> dict:
+    """What a maps file records about the model it was fitted on: ``model_hash`` (:func:`model_hash`),
+    ``weight_fingerprint`` (:func:`weight_fingerprint`, exact in that dtype), ``weight_sample``
+    (:func:`weight_sample`), ``weights_dtype`` (e.g. ``"float32"``) and ``weights_device`` (e.g. ``"cpu"``)."""
+    p = next(model.parameters())
+    return {"model_hash": model_hash(model), "weight_fingerprint": weight_fingerprint(model),
+            "weight_sample": weight_sample(model), "weights_dtype": _dtype_name(p.dtype),
+            "weights_device": str(p.device)}
+
+
+def _same_weights(want: list[float], have: list[float], dtypes: list[torch.dtype]) -> tuple[bool, float]:
+    """Whether two :func:`weight_sample` lists agree to the rounding of the coarsest of ``dtypes``;
+    also the largest relative difference seen."""
+    if len(want) != len(have):
+        return False, float("inf")
+    a = torch.tensor(want, dtype=torch.float64)
+    b = torch.tensor(have, dtype=torch.float64)
+    eps = max(torch.finfo(d).eps for d in dtypes)
+    tiny = max(torch.finfo(d).smallest_normal for d in dtypes)
+    diff = (a - b).abs()
+    ok = bool((diff <= eps * torch.maximum(a.abs(), b.abs()) + tiny).all()) if a.numel() else True
+    rel = float((diff / torch.maximum(a.abs(), b.abs()).clamp_min(tiny)).max()) if a.numel() else 0.0
+    return ok, rel
 
 
 @dataclass
@@ -143,26 +192,55 @@ class RidgeMaps:
                 f"maps were fitted for model {self.meta.get('model_name')!r} (hash {want}), which has a "
                 f"different architecture from this one (hash {model_hash(model)}); {fix}")
         want = self.meta.get("weight_fingerprint")
-        if want is not None and want != weight_fingerprint(model):
+        if want is None or want == weight_fingerprint(model):
+            return  # no fingerprint recorded, or the same weights in the same dtype
+        p = next(model.parameters())
+        fit_dtype = self.meta.get("weights_dtype", "float32")
+        fit_device = self.meta.get("weights_device", "cpu")
+        here = f"{_dtype_name(p.dtype)} on {p.device}"
+        there = f"{fit_dtype} on {fit_device}"
+        name = self.meta.get("model_name")
+        sample = self.meta.get("weight_sample")
+        if sample is None:  # a file from before weight samples were stored: exact check only
+            if fit_dtype != _dtype_name(p.dtype):
+                raise MapsMismatchError(
+                    f"maps were fitted for model {name!r} with its weights in {fit_dtype}, and this model is "
+                    f"loaded in {_dtype_name(p.dtype)}: the dtype differs, so this maps file (which records "
+                    f"only an exact fingerprint) cannot confirm the weights are the same; load the model with "
+                    f"dtype=torch.{fit_dtype}, or {fix} (new maps files accept any dtype)")
             raise MapsMismatchError(
-                f"maps were fitted for model {self.meta.get('model_name')!r} with other weights "
+                f"maps were fitted for model {name!r} with other weights "
                 f"(fingerprint {want}, this model {weight_fingerprint(model)}); {fix}")
+        fit_t = getattr(torch, fit_dtype, None)
+        dtypes = [p.dtype] + ([fit_t] if isinstance(fit_t, torch.dtype) and fit_t.is_floating_point else [])
+        ok, rel = _same_weights(sample, weight_sample(model), dtypes)
+        if ok:
+            return  # the same weights, loaded in another dtype or on another device
+        differs = "" if there == here else f" (fitted in {there}, this model is {here}: beyond that rounding)"
+        raise MapsMismatchError(
+            f"maps were fitted for model {name!r} with other weights: sampled values differ by up to "
+            f"{rel:.3g} relative{differs} (fingerprint {want}, this model {weight_fingerprint(model)}); {fix}")
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the maps to ``path`` atomically (temp file in the same folder, then rename), and their
-        statistics, when present, to :func:`stats_path` ``(path)``."""
+        statistics, when present, to :func:`stats_path` ``(path)`` (a stale statistics file there is
+        removed when there are none). Both are written under the lock :func:`pair_lock_path` ``(path)``,
+        so concurrent saves to one path leave one save's maps and statistics, never a mix."""
         meta = dict(self.meta, format_version=FORMAT_VERSION, split=self.split, lambdas=self.lambdas)
         tensors = {"weights": self.weights.detach().to(torch.float32).contiguous().cpu(),
                    "biases": self.biases.detach().to(torch.float32).contiguous().cpu()}
         if self.mean_h is not None and self.mean_x is not None:
             tensors["mean_h"] = self.mean_h.detach().to(torch.float32).contiguous().cpu()
             tensors["mean_x"] = self.mean_x.detach().to(torch.float32).contiguous().cpu()
-        out = atomic_write(path, lambda tmp: save_file(
-            tensors, tmp, metadata={"ridgefill": json.dumps(meta, sort_keys=True)}))
-        if self.stats is not None:
-            save_stats(stats_path(path), self.stats, {
-                "maps_sha256": maps_digest(tensors["weights"], tensors["biases"]), "split": self.split,
-                "model_hash": self.meta.get("model_hash"), "text_sha256": self.meta.get("text_sha256")})
+        with file_lock(pair_lock_path(path)):  # two runs saving here cannot leave a mixed maps/stats pair
+            if self.stats is not None:
+                save_stats(stats_path(path), self.stats, {
+                    "maps_sha256": maps_digest(tensors["weights"], tensors["biases"]), "split": self.split,
+                    "model_hash": self.meta.get("model_hash"), "text_sha256": self.meta.get("text_sha256")})
+            else:  # statistics of earlier maps at this path would not belong to these
+                stats_path(path).unlink(missing_ok=True)
+            out = atomic_write(path, lambda tmp: save_file(
+                tensors, tmp, metadata={"ridgefill": json.dumps(meta, sort_keys=True)}))
         return out
 
 
@@ -182,6 +260,12 @@ def stats_path(maps_path: str | os.PathLike) -> Path:
     return p.with_name(stem + ".stats.safetensors")
 
 
+def pair_lock_path(maps_path: str | os.PathLike) -> Path:
+    """The lock file guarding a maps file and its statistics: ``.<name>.lock`` beside them."""
+    p = Path(maps_path)
+    return p.with_name("." + p.name.removesuffix(".safetensors") + ".lock")
+
+
 _STATS_TENSORS = ("shift_h", "shift_x", "sum_h", "gram", "sum_x", "cross", "sq_x")
 
 
@@ -197,6 +281,69 @@ def save_stats(path: str | os.PathLike, stats: RidgeStats, meta: dict) -> Path:
         tensors, tmp, metadata={"ridgefill_stats": json.dumps(meta, sort_keys=True)}))
 
 
+def _read(path: Path, key: str, what: str, redo: str) -> tuple[dict | None, dict[str, Tensor]]:
+    """Metadata entry ``key`` (parsed JSON; ``None`` when absent) and all tensors of a safetensors file,
+    from one open of the file (a file replaced meanwhile is read whole, old or new, never mixed).
+
+    Raises:
+        MapsFormatError: not a safetensors file, truncated, corrupted, or metadata that is not a JSON object.
+    """
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get(key)
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError, TypeError, OverflowError, MemoryError) as e:
+        raise MapsFormatError(f"{what} {str(path)!r} is truncated or corrupted ({type(e).__name__}: {e}); "
+                              f"{redo}") from e
+    if raw is None:
+        return None, tensors
+    try:
+        meta = json.loads(raw)
+    except ValueError as e:  # JSONDecodeError, or a number too long to parse
+        raise MapsFormatError(f"the metadata of {what} {str(path)!r} is not valid JSON ({e}); {redo}") from e
+    if not isinstance(meta, dict):
+        raise MapsFormatError(f"the metadata of {what} {str(path)!r} is a JSON {type(meta).__name__}, not "
+                              f"an object; {redo}")
+    return meta, tensors
+
+
+def _bad_meta(meta: dict, schema: dict[str, Callable[[object], bool]]) -> list[str]:
+    """The keys of ``meta`` present in ``schema`` whose value fails its check (other keys are allowed)."""
+    return [f"{k}={meta[k]!r}"[:80] for k, ok in schema.items() if k in meta and not ok(meta[k])]
+
+
+def _finite_real(v: object) -> bool:
+    return is_real(v) and math.isfinite(v)
+
+
+def _count(v: object) -> bool:
+    return is_int(v) and v >= 0
+
+
+def _opt_reals(v: object) -> bool:
+    return v is None or (isinstance(v, list) and all(_finite_real(x) for x in v))
+
+
+#: Checks of the metadata keys RidgeFill reads from a maps file; unknown keys are kept as they are.
+_MAPS_SCHEMA: dict[str, Callable[[object], bool]] = {
+    "split": _count,
+    "lambdas": lambda v: isinstance(v, list) and all(_finite_real(x) and x >= 0 for x in v),
+    "model_name": lambda v: isinstance(v, str), "model_hash": lambda v: isinstance(v, str),
+    "weight_fingerprint": lambda v: isinstance(v, str), "weight_sample": _opt_reals,
+    "weights_dtype": lambda v: isinstance(v, str), "weights_device": lambda v: isinstance(v, str),
+    "calibration_tokens": _count, "heldout_tokens": _count, "chunk": _count,
+    "text_sha256": lambda v: isinstance(v, str), "lambda_spec": lambda v: isinstance(v, str),
+    "heldout_rel_error": _opt_reals, "heldout_rel_error_identity": _opt_reals,
+}
+#: The same for a statistics file.
+_STATS_SCHEMA: dict[str, Callable[[object], bool]] = {
+    "layers": lambda v: is_int(v) and v >= 1, "hidden": lambda v: is_int(v) and v >= 1,
+    "count": lambda v: is_int(v) and v >= 1, "split": _count,
+    "maps_sha256": lambda v: isinstance(v, str), "model_hash": lambda v: v is None or isinstance(v, str),
+    "text_sha256": lambda v: v is None or isinstance(v, str),
+}
+
+
 def load_stats(path: str | os.PathLike) -> tuple[RidgeStats, dict]:
     """Read a statistics file written by :func:`save_stats`.
 
@@ -205,30 +352,35 @@ def load_stats(path: str | os.PathLike) -> tuple[RidgeStats, dict]:
 
     Raises:
         InputError: the file does not exist.
-        MapsFormatError: not a statistics file, corrupted, or shapes that disagree with the metadata.
+        MapsFormatError: not a statistics file, truncated or corrupted, metadata of the wrong type,
+            tensors that are not finite float64, or shapes that disagree with the metadata.
     """
     path = Path(path)
     redo = "recalibrate with `ridgefill calibrate`, which writes the statistics beside the maps"
     if not path.is_file():
         raise InputError(f"statistics file {str(path)!r} does not exist; {redo}")
-    try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            raw = (f.metadata() or {}).get("ridgefill_stats")
-        tensors = load_file(str(path))
-        meta = json.loads(raw) if raw is not None else None
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise MapsFormatError(f"statistics file {str(path)!r} is truncated or corrupted ({e}); {redo}") from e
-    if meta is None or set(tensors) != set(_STATS_TENSORS) or meta.get("format_version") != FORMAT_VERSION:
+    meta, tensors = _read(path, "ridgefill_stats", "statistics file", redo)
+    if (meta is None or set(tensors) != set(_STATS_TENSORS) or not is_int(meta.get("format_version"))
+            or meta.get("format_version") != FORMAT_VERSION):
         raise MapsFormatError(f"{str(path)!r} is not a RidgeFill statistics file of format version "
                               f"{FORMAT_VERSION} (tensors {sorted(tensors)}); {redo}")
+    bad = _bad_meta(meta, _STATS_SCHEMA) + [f"{k} missing" for k in ("layers", "hidden", "count") if k not in meta]
+    if bad:
+        raise MapsFormatError(f"statistics file {str(path)!r} has bad metadata: {', '.join(bad)}; {redo}")
+    for k, t in tensors.items():
+        if t.dtype != torch.float64:
+            raise MapsFormatError(f"statistics file {str(path)!r}: tensor {k} is {t.dtype}, not float64; {redo}")
+        if not bool(torch.isfinite(t).all()):
+            raise MapsFormatError(f"statistics file {str(path)!r}: tensor {k} holds NaN or Inf; {redo}")
     n, d = meta.get("layers"), meta.get("hidden")
     targets = meta.get("targets", "inputs")
     if targets not in ("inputs", "kv"):
         raise MapsFormatError(f"statistics file {str(path)!r} has targets {targets!r} (expected 'inputs' or 'kv'); {redo}")
-    stats = RidgeStats(n, d, meta.get("count"), tensors["shift_h"], tensors["shift_x"], meta.get("outputs", d),
-                       targets)
+    outputs = meta.get("outputs", d)
+    if not is_int(outputs) or outputs < 1 or (targets == "inputs" and outputs != d):
+        raise MapsFormatError(f"statistics file {str(path)!r} has outputs {outputs!r} for {targets!r} targets of "
+                              f"hidden size {d}; {redo}")
+    stats = RidgeStats(n, d, meta.get("count"), tensors["shift_h"], tensors["shift_x"], outputs, targets)
     for k in _STATS_TENSORS[2:]:
         if tensors[k].shape != getattr(stats, k).shape:
             raise MapsFormatError(f"statistics file {str(path)!r}: tensor {k} has shape {tuple(tensors[k].shape)}, "
@@ -248,39 +400,42 @@ def load_maps(path: str | os.PathLike) -> RidgeMaps:
     Raises:
         InputError: the file does not exist.
         MapsFormatError: not a safetensors file, truncated or corrupted, missing tensors or metadata,
-            an unknown format version, non-finite values, or shapes that disagree with the metadata.
+            metadata that is not a JSON object or has values of the wrong type (``split`` an integer
+            ``≥ 0``, not ``bool``; ``lambdas`` finite numbers ``≥ 0``; the provenance keys RidgeFill
+            reads; other keys are kept unchecked), an unknown format version, tensors that are not
+            float32, non-finite values, or shapes that disagree with the metadata.
     """
     path = Path(path)
     if not path.is_file():
         raise InputError(f"maps file {str(path)!r} does not exist; create it with `ridgefill calibrate`")
     redo = "refit it with `ridgefill calibrate`"
-    try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            raw = (f.metadata() or {}).get("ridgefill")
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise MapsFormatError(f"maps file {str(path)!r} is truncated or corrupted ({e}); {redo}") from e
-    if raw is None or set(tensors) not in ({"weights", "biases"}, {"weights", "biases", "mean_h", "mean_x"}):
+    meta, tensors = _read(path, "ridgefill", "maps file", redo)
+    if meta is None or set(tensors) not in ({"weights", "biases"}, {"weights", "biases", "mean_h", "mean_x"}):
         raise MapsFormatError(f"{str(path)!r} is a safetensors file but not a RidgeFill maps file "
                               f"(tensors {sorted(tensors)}); {redo}")
-    try:
-        meta = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise MapsFormatError(f"maps metadata in {str(path)!r} is not valid JSON ({e}); {redo}") from e
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise MapsFormatError(f"maps file {str(path)!r} has format version {meta.get('format_version')}, "
+    version = meta.get("format_version")
+    if not is_int(version) or version != FORMAT_VERSION:
+        raise MapsFormatError(f"maps file {str(path)!r} has format version {version!r}, "
                               f"this RidgeFill reads version {FORMAT_VERSION}; {redo}")
+    bad = _bad_meta(meta, _MAPS_SCHEMA) + [f"{k} missing" for k in ("split", "lambdas") if k not in meta]
+    if bad:
+        raise MapsFormatError(f"maps file {str(path)!r} has bad metadata: {', '.join(bad)} (split: an integer "
+                              f"≥ 0; lambdas: finite numbers ≥ 0); {redo}")
     w, b = tensors["weights"], tensors["biases"]
-    lambdas = meta.pop("lambdas", None)
-    split = meta.pop("split", None)
-    square = meta.get("kind", "inputs") == "inputs"
+    if any(t.dtype != torch.float32 for t in tensors.values()):
+        raise MapsFormatError(f"maps file {str(path)!r} holds weights {w.dtype} and biases {b.dtype}"
+                              + "".join(f", {k} {t.dtype}" for k, t in tensors.items() if k.startswith("mean_"))
+                              + f"; the format stores float32; {redo}")
+    lambdas = meta.pop("lambdas")
+    split = meta.pop("split")
+    kind = meta.get("kind", "inputs")
+    if kind not in ("inputs", "kv"):
+        raise MapsFormatError(f"maps file {str(path)!r} has kind {kind!r}; expected 'inputs' or 'kv'; {redo}")
+    square = kind == "inputs"
     if (w.ndim != 3 or (square and w.shape[1] != w.shape[2]) or b.shape != (w.shape[0], w.shape[2])
-            or not isinstance(split, int)
-            or not isinstance(lambdas, list) or len(lambdas) != w.shape[0]):
+            or len(lambdas) != w.shape[0]):
         raise MapsFormatError(f"maps file {str(path)!r} has inconsistent shapes: weights {tuple(w.shape)}, "
-                              f"biases {tuple(b.shape)}, {len(lambdas or [])} λ values, split {split!r}; {redo}")
+                              f"biases {tuple(b.shape)}, {len(lambdas)} λ values, split {split!r}; {redo}")
     mean_h, mean_x = tensors.get("mean_h"), tensors.get("mean_x")
     if mean_h is not None and (mean_h.shape != w.shape[1:2] or mean_x.shape != w.shape[::2]):
         raise MapsFormatError(f"maps file {str(path)!r} has calibration means of shapes {tuple(mean_h.shape)} and "

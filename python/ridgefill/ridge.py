@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from .errors import InputError, NonFiniteError, SingularGramError
+from .validate import check_finite, check_real, is_real
 
 F64 = torch.float64
 
@@ -42,22 +43,30 @@ def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = 
         ``KvaLean.Ridge.ridge_optimal``, ``ridge_unique``; multi-output ``ridge_optimal_matrix``).
 
     Raises:
-        InputError: shapes disagree, or ``λ`` is negative or not finite.
+        InputError: not tensors, shapes disagree, or ``λ`` is not a finite number ``≥ 0``.
+        NonFiniteError: ``gram``, ``cross`` or ``prior`` holds NaN or Inf (the statistics are broken,
+            not singular: check the activations and the dtype).
         SingularGramError: ``G + λI`` is not positive definite (``λ = 0`` with a singular Gram):
             use ``λ > 0``.
     """
-    gram, cross = gram.to(F64), cross.to(F64)
-    d = gram.shape[0]
-    if gram.shape != (d, d) or cross.shape[0] != d:
+    for name, t in (("gram", gram), ("cross", cross), ("prior", prior)):
+        if not (isinstance(t, Tensor) or (t is None and name == "prior")):
+            raise InputError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+    if gram.ndim != 2 or cross.ndim != 2 or gram.shape[0] != gram.shape[1] or cross.shape[0] != gram.shape[0]:
         raise InputError(f"gram must be [d, d] and cross [d, k]; got {tuple(gram.shape)} and "
                          f"{tuple(cross.shape)}")
-    if not (lam >= 0 and lam < float("inf")):
-        raise InputError(f"ridge λ must be a finite number ≥ 0; got {lam}")
+    gram, cross = gram.to(F64), cross.to(F64)
+    d = gram.shape[0]
+    lam = check_real(lam, "ridge λ", lo=0.0)
     if prior is None:
         if cross.shape[1] != d:
             raise InputError(f"the identity prior needs a square cross term; got {tuple(cross.shape)}")
         prior = torch.eye(d, dtype=F64)
+    elif prior.shape != cross.shape:
+        raise InputError(f"prior must have the shape of cross {tuple(cross.shape)}; got {tuple(prior.shape)}")
     prior = prior.to(F64)
+    for name, t in (("the Gram matrix G", gram), ("the cross term B", cross), ("the prior W₀", prior)):
+        check_finite(t, f"{name} given to solve_ridge", NonFiniteError)
     eye = torch.eye(d, dtype=F64)
     factor, info = torch.linalg.cholesky_ex(gram + lam * eye)
     pivots = factor.diagonal().square()
@@ -265,12 +274,31 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
         centring: ``KvaLean.Ridge.fit_maps_optimal``).
 
     Raises:
-        InputError: no statistics, a bad ``λ`` spec, or ``"auto"`` without held-out statistics.
-        SingularGramError: see :func:`solve_ridge`.
+        InputError: no statistics, a bad ``λ`` spec (``bool``, a string other than ``"auto"``, NaN,
+            Inf, a negative number or a list of the wrong length), or ``"auto"`` without held-out
+            statistics.
+        NonFiniteError, SingularGramError: see :func:`solve_ridge`.
     """
+    if not isinstance(stats, RidgeStats) or (heldout is not None and not isinstance(heldout, RidgeStats)):
+        raise InputError("stats (and heldout, when given) must be RidgeStats; got "
+                         f"{type(stats).__name__} and {type(heldout).__name__}")
     if stats.count == 0:
         raise InputError("no calibration rows: the calibration text produced no tokens")
+    if heldout is not None and (heldout.layers, heldout.hidden) != (stats.layers, stats.hidden):
+        raise InputError(f"heldout statistics are for {heldout.layers} layers of size {heldout.hidden}, "
+                         f"stats for {stats.layers} of size {stats.hidden}: they must come from one split")
+    for which, st in (("stats", stats), ("heldout", heldout)):
+        for k in ("sum_h", "gram", "sum_x", "cross", "sq_x") if st is not None else ():
+            check_finite(getattr(st, k), f"calibration statistics {which}.{k}", NonFiniteError)
     n = stats.layers
+    spec = f"λ must be a finite number ≥ 0, a list of {n} such numbers, or 'auto'; got {lam!r}"
+    if isinstance(lam, (list, tuple)):
+        if len(lam) != n or not all(is_real(v) for v in lam):
+            raise InputError(spec)
+        for v in lam:
+            check_real(v, "every λ in the list", lo=0.0)
+    elif lam != "auto":
+        check_real(lam, "λ", lo=0.0, hint=f"or a list of {n} numbers, or 'auto'")
     if lam == "auto":
         if heldout is None or heldout.count == 0:
             raise InputError("λ = 'auto' needs held-out statistics (calibrate on more than one chunk)")
@@ -281,12 +309,10 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
             errs = heldout_errors(stats, heldout, layer, grid)
             lams.append(float(grid[int(torch.argmin(errs))]))
         final = stats.merged(heldout)
-    elif isinstance(lam, (int, float)):
-        lams, final = [float(lam)] * n, stats
-    elif isinstance(lam, (list, tuple)) and len(lam) == n:
+    elif isinstance(lam, (list, tuple)):
         lams, final = [float(v) for v in lam], stats
     else:
-        raise InputError(f"λ must be a number ≥ 0, a list of {n} numbers, or 'auto'; got {lam!r}")
+        lams, final = [float(lam)] * n, stats
 
     mh, mx = final.means()
     prior = default_prior(final)

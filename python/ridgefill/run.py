@@ -115,6 +115,7 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
     Returns ``(maps, path, calibrated_now)``."""
     from .assets import CALIBRATION_BOOKS, load_texts
     from .calibrate import calibrate
+    from .checkpoint import checkpoint_path
 
     path = Path(cfg.maps) if cfg.maps else Path(cfg.out) / f"maps-S{cfg.split}.safetensors"
     if path.exists():
@@ -135,9 +136,13 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
         print(f"existing maps at {path} not usable ({why}); calibrating anew")
     texts = load_texts()
     calib = {k: texts[k] for k in CALIBRATION_BOOKS}
+    ckpt = checkpoint_path(path)
+    if ckpt.exists():
+        print(f"resuming the calibration from the checkpoint {ckpt}")
     maps = calibrate(model, tokenizer, calib, split=cfg.split, tokens=cfg.calib_tokens, chunk=cfg.chunk,
-                     lam=cfg.lam, model_name=model_name, progress=progress)
+                     lam=cfg.lam, model_name=model_name, progress=progress, checkpoint=ckpt)
     maps.save(path)
+    ckpt.unlink(missing_ok=True)
     return maps, path, True
 
 

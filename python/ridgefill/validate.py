@@ -1,0 +1,127 @@
+"""Argument checks shared by the public entry points (``prefill``, ``generate_after``, ``solve_ridge``,
+``fit_maps``, ``calibrate``, ``load_maps``): each raises :class:`~ridgefill.errors.InputError` (or the
+``error`` type given) naming the argument, the value received and what is expected.
+
+``bool`` is never accepted as a number (``True`` is an ``int`` to Python, never a split or a tail
+to RidgeFill).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import numbers
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import Tensor
+
+from .errors import InputError
+
+
+def is_int(value: Any) -> bool:
+    """True for Python and NumPy integers, False for ``bool`` and everything else."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """True for integers and floats (Python or NumPy), False for ``bool``, strings and ``None``."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_int(value: Any, name: str, *, lo: int | None = None, hi: int | None = None,
+              hint: str = "", error: type[Exception] = InputError) -> int:
+    """Return ``int(value)`` if it is an integer in ``lo..hi`` (either bound may be ``None``).
+
+    Raises:
+        ``error`` (default :class:`InputError`): not an integer (``bool`` and ``2.5`` are refused) or
+        out of range; the message names ``name`` and the range, then ``hint``.
+    """
+    rng = (f" in {lo}..{hi}" if lo is not None and hi is not None else f" ≥ {lo}" if lo is not None
+           else f" ≤ {hi}" if hi is not None else "")
+    tail = f"; {hint}" if hint else ""
+    if not is_int(value):
+        raise error(f"{name} must be an integer{rng}; got {value!r} ({type(value).__name__}){tail}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise error(f"{name} must be an integer{rng}; got {value}{tail}")
+    return int(value)
+
+
+def check_real(value: Any, name: str, *, lo: float | None = None, hint: str = "",
+               error: type[Exception] = InputError) -> float:
+    """Return ``float(value)`` if it is a finite real number ``≥ lo`` (no bound when ``lo`` is ``None``).
+
+    Raises:
+        ``error`` (default :class:`InputError`): not a number (``bool``, strings and ``None`` are
+        refused), NaN or infinite, or below ``lo``.
+    """
+    rng = f" ≥ {lo}" if lo is not None else ""
+    tail = f"; {hint}" if hint else ""
+    if not is_real(value) or not math.isfinite(float(value)) or (lo is not None and float(value) < lo):
+        raise error(f"{name} must be a finite number{rng}; got {value!r} ({type(value).__name__}){tail}")
+    return float(value)
+
+
+def check_choice(value: Any, name: str, choices: Iterable[str], hint: str = "") -> str:
+    """Return ``value`` if it is one of ``choices`` (compared as exact strings). Raises :class:`InputError`."""
+    choices = tuple(choices)
+    if not isinstance(value, str) or value not in choices:
+        raise InputError(f"{name} must be one of {choices}; got {value!r}" + (f"; {hint}" if hint else ""))
+    return value
+
+
+def check_rows(rows: Any, name: str, num_rows: int) -> list[int]:
+    """Return ``rows`` (an iterable of integers or an integer tensor ``[k]``) as a list of ``int`` in
+    ``0..num_rows-1``.
+
+    Raises:
+        InputError: not iterable, a float, ``bool`` or non-integer tensor entry, or a row out of range.
+    """
+    if isinstance(rows, Tensor):
+        if rows.ndim > 1 or rows.is_floating_point() or rows.is_complex() or rows.dtype == torch.bool:
+            raise InputError(f"{name} must be integer row positions [k]; got a {rows.dtype} tensor "
+                             f"{tuple(rows.shape)}")
+        rows = rows.reshape(-1).tolist()
+    try:
+        rows = list(rows)
+    except TypeError:
+        raise InputError(f"{name} must be an iterable of integer row positions; got {type(rows).__name__}") from None
+    bad = [r for r in rows if not is_int(r)]
+    if bad:
+        raise InputError(f"{name} must hold integer row positions; got {bad[:5]!r}")
+    out = [int(r) for r in rows]
+    if out and (min(out) < 0 or max(out) >= num_rows):
+        raise InputError(f"{name} must lie in 0..{num_rows - 1}; got {out}")
+    return out
+
+
+def check_finite(t: Tensor, name: str, error: type[Exception]) -> None:
+    """Raise ``error`` naming ``name`` when tensor ``t`` holds a NaN or an infinity."""
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise error(f"{name} holds {bad} NaN or Inf value(s)")
+
+
+def prompt_digest(input_ids: Tensor) -> str:
+    """SHA-256 (hex) of a ``[batch, rows]`` token tensor: its shape and its int64 values. Ties a
+    :class:`~ridgefill.fill.PrefillResult` to the prompt it was computed from (one pass over the ids,
+    negligible next to a prefill)."""
+    h = hashlib.sha256(repr(tuple(input_ids.shape)).encode())
+    h.update(input_ids.detach().to(device="cpu", dtype=torch.long).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def binds_prompt(fn: Callable) -> Callable:
+    """Decorator for :func:`ridgefill.fill.prefill`: records on the returned result the prompt length
+    (``prompt_rows``) and :func:`prompt_digest` of ``input_ids`` (its second argument), so that
+    :func:`ridgefill.fill.generate_after` can refuse another prompt."""
+
+    @functools.wraps(fn)
+    def wrapper(model, input_ids, *args, **kwargs):
+        result = fn(model, input_ids, *args, **kwargs)
+        result.prompt_rows = int(input_ids.shape[1])
+        result.prompt_sha256 = prompt_digest(input_ids)
+        return result
+
+    return wrapper
