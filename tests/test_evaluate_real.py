@@ -25,3 +25,19 @@ def test_real_model_needle_and_splice():
     hook = splice_hook(exact_kv(res.cache, range(16, 30)), "kv")
     spliced, _, _ = tail_nll(model, doc, tail=32, mode="identity", split=15, kv_hook=hook)
     torch.testing.assert_close(spliced, exact, rtol=0, atol=1e-4)
+
+
+def test_real_model_induction_heads():
+    """SmolLM2's strongest copy heads, found from weights alone, lie in its late layers (17-23): those
+    row selection listens to (measured: (17, 3) 0.83, (18, 6) 0.89)."""
+    from ridgefill.adapters import adapter_for
+    from ridgefill.select import induction_scores
+
+    model, _, _ = load_model()
+    scores = induction_scores(adapter_for(model))
+    assert scores.shape == (30, 9) and bool(((scores >= 0) & (scores <= 1)).all())
+    top = torch.topk(scores.flatten(), 2).indices.tolist()
+    assert {divmod(i, 9) for i in top} == {(17, 3), (18, 6)}
+    assert float(scores[17, 3]) > 0.7 and float(scores[18, 6]) > 0.7
+    assert float(scores[:8].max()) < 0.3  # the first layers copy nothing
+    assert induction_scores(adapter_for(model)) is scores  # computed once per model

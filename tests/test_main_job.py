@@ -31,7 +31,7 @@ def test_main_job_figures_are_finite_and_plausible(report):
     assert rep["calibration_tokens"] == 8192 and len(rep["lambdas"]) == 30 - 15 - 1
     assert rep["scored_tokens_per_mode"] == 128
     # selection: a few more exact rows (within the default budget), none for the other systems
-    assert 0 < modes["ridge+sel"]["extra_exact_rows_share"] <= 0.025
+    assert 0 < modes["ridge+sel"]["extra_exact_rows_share"] <= 0.05
     assert all(modes[m]["extra_exact_rows_share"] == 0 for m in modes if m != "ridge+sel")
     assert all(modes[m]["needle_score"] in (0.0, 50.0, 100.0) for m in modes) and rep["needle_trials"] == 2
     assert modes["exact"]["needle_score"] == 100.0  # a 768-token single needle: the exact model finds it

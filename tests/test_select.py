@@ -167,3 +167,18 @@ def test_centred_identity_fill(llama, ids, maps):
                         llama.config.num_hidden_layers)
     with pytest.raises(MapsFormatError, match="means"):
         prefill(llama, ids, maps, tail=8, mode="centred")
+
+
+def test_induction_selection_keeps_only_the_top_heads(llama, ids, maps):
+    from ridgefill.adapters import adapter_for
+    from ridgefill.select import AttentionScores, induction_scores
+
+    ad = adapter_for(llama)
+    scores = induction_scores(ad)
+    assert scores.shape == (llama.config.num_hidden_layers, llama.config.num_attention_heads)
+    sel = Select(heads="induction", top_heads=3, budget=10)
+    keep = AttentionScores(ad, ids.shape[1], sel).heads
+    assert int(keep.sum()) == 3 and float(scores[keep].min()) >= float(scores[~keep].max())
+    res = prefill(llama, ids, maps, tail=8, mode="ridge", select=sel, logits="exact")
+    one = prefill(llama, ids, maps, tail=8, exact_rows=res.selected.tolist(), mode="ridge", logits="exact")
+    assert_same_prefill(res, one, llama.config.num_hidden_layers)

@@ -113,7 +113,7 @@ class Select:
 
 #: The selection ``ridgefill run`` and the evaluation commands use by default (chosen from the
 #: measurements in docs/evaluate.md, "Row selection").
-DEFAULT_SELECT = Select(heads="max")
+DEFAULT_SELECT = Select(budget=0.05, before=2, after=16, heads="induction")
 
 
 def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int) -> Tensor:
