@@ -38,8 +38,9 @@ def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = 
         prior: ``W₀`` ``[d, k]``; default the identity (``k = d``), i.e. the identity fill.
 
     Returns:
-        ``W`` ``[d, k]`` float64, the unique minimiser of ``‖H W − X‖² + λ‖W − W₀‖²`` (Lean:
-        ``KvaLean.Ridge.ridge_optimal``, ``ridge_unique``; multi-output ``ridge_optimal_matrix``).
+        ``W`` ``[d, k]`` float64, the unique minimiser of ``‖H W − X‖² + λ‖W − W₀‖²`` (Lean, in
+        ``KvaLean/Ridge.lean``: ``KvaLean.ridge_optimal``, ``ridge_unique``; multi-output
+        ``ridge_multi_optimal``, ``ridge_multi_unique``).
 
     Raises:
         InputError: shapes disagree, or ``λ`` is negative or not finite.
@@ -228,7 +229,9 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
 
     Returns:
         :class:`FittedMaps`; ``W_l`` solves ``(G + λI) W = B_l + λI`` on centred statistics and
-        ``b_l = x̄_l − h̄ W_l`` (Lean: ``KvaLean.Ridge.ridge_optimal_matrix``, intercept by centring).
+        ``b_l = x̄_l − h̄ W_l`` (Lean: ``KvaLean.ridge_multi_optimal`` for ``W_l``,
+        ``KvaLean.fit_maps_optimal`` for the intercept by centring; as ``λ → ∞``, ``(W_l, b_l)`` tends
+        to ``(I, x̄_l − h̄)``, ``KvaLean.fit_maps_tendsto_centred``).
 
     Raises:
         InputError: no statistics, a bad ``λ`` spec, or ``"auto"`` without held-out statistics.
