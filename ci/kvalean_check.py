@@ -117,8 +117,8 @@ def scan(root: pathlib.Path) -> list[str]:
     mods = {module_name(root, p) for p in files}
     for p in files:
         rel = p.relative_to(root)
-        text = strip(p.read_text(encoding="utf-8"))
-        lines = text.splitlines()
+        raw = p.read_text(encoding="utf-8")
+        lines, shown = strip(raw).splitlines(), raw.splitlines()
         for ln, line in enumerate(lines, 1):
             hit = None
             for m in _TOKEN.finditer(line):
@@ -133,7 +133,7 @@ def scan(root: pathlib.Path) -> list[str]:
             if not hit and re.search(r"\+\s*native", line):
                 hit = FORBIDDEN["native"]
             if hit:
-                bad.append(f"{rel}:{ln}: {hit}: {line.strip()[:110]}")
+                bad.append(f"{rel}:{ln}: {hit}: {shown[ln - 1].strip()[:110]}")
             m = _IMPORT.match(line)
             if m:
                 if m.group(1) != "public import":
