@@ -371,6 +371,75 @@ theorem centred_limit_eq_identity_iff {d : Nat} (xbar hbar : Fin d → α) :
 
 end Limit
 
+section Residual
+
+/-- The error of an approximate solution from its residual: if `⟨u, (XᵀX + λI) u⟩ ≥ μ‖u‖²` for
+all `u` (`μ > 0`) and `g = (XᵀX + λI) e`, then `μ² ‖e‖² ≤ ‖g‖²`. Substrate for
+`ridge_err_le_residual` (`ridgefill.certify.layer_certificate`). -/
+theorem err_le_of_coercive {m d : Nat} {μ lam : α} (hμ : 0 < μ) (X : Fin m → Fin d → α)
+    (hcoer : ∀ u : Fin d → α, μ * normSq u ≤ normSq (matVec X u) + lam * normSq u)
+    (e g : Fin d → α) (hg : ∀ i, g i = matTVec X (matVec X e) i + lam * e i) :
+    μ * μ * normSq e ≤ normSq g := by
+  have hgf : g = fun i => matTVec X (matVec X e) i + lam * e i := funext hg
+  have h1 := dot_add_smul_left (matTVec X (matVec X e)) e e lam
+  rw [← hgf] at h1
+  have h2 := dot_comm (matTVec X (matVec X e)) e
+  have h3 := dot_matVec X e (matVec X e)
+  have h5 : normSq (matVec X e) = dot (matVec X e) (matVec X e) := rfl
+  have h6 : normSq e = dot e e := rfl
+  have hc := hcoer e
+  have hcs := dot_mul_self_le e g
+  have h7 := dot_comm g e
+  have hN0 := normSq_nonneg e
+  have hD : μ * normSq e ≤ dot e g := by grind
+  rcases Classical.em (normSq e = 0) with hz | hz
+  · rw [hz]
+    have := normSq_nonneg g
+    grind
+  · have hpos : 0 < normSq e := by grind
+    have hμN : 0 ≤ μ * normSq e := OrderedRing.mul_nonneg (Std.le_of_lt hμ) hN0
+    have a1 := OrderedRing.mul_le_mul_of_nonneg_left hD hμN
+    have hD0 : 0 ≤ dot e g := by grind
+    have a2 := OrderedRing.mul_le_mul_of_nonneg_right hD hD0
+    apply Classical.byContradiction
+    intro hneg
+    have ht : normSq g - μ * μ * normSq e < 0 := by grind
+    have hm := OrderedRing.mul_neg_of_neg_of_pos ht hpos
+    grind
+
+/-- **`ridge_err_le_residual`** (the bound behind `ridgefill certify`): if `G + λI ⪰ μI` with
+`μ > 0` (stated as `‖X u‖² + λ‖u‖² ≥ μ‖u‖²` for all `u`) and `w★` solves the normal equations,
+then any `w` is within `‖R‖/μ` of `w★`, `μ² ‖w − w★‖² ≤ ‖R‖²`, where
+`R = Xᵀ(Xw − y) + λ(w − w₀) = (G + λI) w − (B + λw₀)` is the residual of `w` in the normal
+equations (`ridgeGrad`). Constrains `ridgefill.certify.layer_certificate` (its
+`weight_error_bound`, `‖R‖_F / μ` per output column summed in Frobenius norm). -/
+theorem ridge_err_le_residual {m d : Nat} (X : Fin m → Fin d → α) (y : Fin m → α)
+    (w0 : Fin d → α) (lam : α) {μ : α} (hμ : 0 < μ)
+    (hcoer : ∀ u : Fin d → α, μ * normSq u ≤ normSq (matVec X u) + lam * normSq u)
+    {wstar : Fin d → α} (hN : NormalEq X y w0 lam wstar) (w : Fin d → α) :
+    μ * μ * normSq (fun i => w i - wstar i) ≤ normSq (ridgeGrad X y w0 lam w) := by
+  have hg : ∀ i, ridgeGrad X y w0 lam w i =
+      matTVec X (matVec X (fun i => w i - wstar i)) i + lam * (w i - wstar i) := by
+    intro i
+    have h0 := ridgeGrad_eq_zero X y w0 lam hN i
+    have e1 : ridgeGrad X y w0 lam w i =
+        matTVec X (fun k => matVec X w k - y k) i + lam * (w i - w0 i) := rfl
+    have e2 : ridgeGrad X y w0 lam wstar i =
+        matTVec X (fun k => matVec X wstar k - y k) i + lam * (wstar i - w0 i) := rfl
+    have e3 : matVec X (fun i => w i - wstar i) = fun k => matVec X w k - matVec X wstar k :=
+      funext fun k => matVec_sub X w wstar k
+    have e5 : (fun k => (matVec X w k - y k) - (matVec X wstar k - y k)) =
+        fun k => matVec X w k - matVec X wstar k := funext fun k => by grind
+    have e4 : matTVec X (fun k => matVec X w k - matVec X wstar k) i =
+        matTVec X (fun k => matVec X w k - y k) i - matTVec X (fun k => matVec X wstar k - y k) i := by
+      rw [← e5]
+      exact matTVec_sub X (fun k => matVec X w k - y k) (fun k => matVec X wstar k - y k) i
+    rw [e3]
+    grind
+  exact err_le_of_coercive hμ X hcoer _ _ hg
+
+end Residual
+
 end KvaLean
 
 end

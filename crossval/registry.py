@@ -14,6 +14,8 @@ When a Python function changes behaviour, look it up here to find the theorem an
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +128,10 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("KvaLean.centred_limit_eq_identity_iff", "KvaLean/Identity.lean", _FILL, LIMIT + EXACT_TARGETS,
           "the limit is the identity fill iff x̄ = h̄"),
     Entry("KvaLean.affineMap_idMat", "KvaLean/Identity.lean", _FILL, LIMIT, "h I + b = h + b"),
+    Entry("KvaLean.ridge_err_le_residual", "KvaLean/Identity.lean", ("ridgefill.certify.layer_certificate",),
+          NUMERIC_CERTS, "‖W − W★‖ ≤ ‖R‖/μ from G + λI ⪰ μI and the normal-equation residual R"),
+    *_entries("Identity", "err_le_of_coercive", ("ridgefill.certify.layer_certificate",), NUMERIC_CERTS,
+              "supporting lemma"),
     *_entries("Identity", "dot_mul_self_le dot_sub_right dot_col_idMat div_pos_of_pos le_of_mul_self_mul_le",
               _FIT, LIMIT + INTERCEPT_ERR, "supporting lemma"),
     # ---- KvaLean/Causality.lean: the fill prefill ---------------------------------------------------
@@ -189,41 +195,19 @@ def lean_files() -> list[Path]:
     return ([top] if top.is_file() else []) + files
 
 
+@functools.lru_cache(maxsize=1)
+def checker():
+    """``ci/kvalean_check.py`` (the scan of ``ci/check-lean``), loaded by path: it is not a package."""
+    spec = importlib.util.spec_from_file_location("kvalean_check", ROOT / "ci" / "kvalean_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def code_of(path: Path) -> str:
-    """The Lean source with comments (``--``, nested ``/- -/``, docstrings) and the contents of string
-    and character literals blanked out, line structure kept."""
-    text, out, i, n = path.read_text(encoding="utf-8"), [], 0, 0
-    n = len(text)
-    while i < n:
-        c2 = text[i:i + 2]
-        if c2 == "/-":
-            depth, i = 1, i + 2
-            while i < n and depth:
-                if text.startswith("/-", i):
-                    depth, i = depth + 1, i + 2
-                elif text.startswith("-/", i):
-                    depth, i = depth - 1, i + 2
-                else:
-                    out.append("\n" if text[i] == "\n" else "")
-                    i += 1
-            out.append(" ")
-        elif c2 == "--":
-            while i < n and text[i] != "\n":
-                i += 1
-        elif text[i] == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
-            out.append('""')
-            i += 1
-        elif text[i] == "'" and i + 2 < n and (text[i + 2] == "'" or text[i + 1] == "\\"):
-            end = text.find("'", i + 2 if text[i + 1] != "\\" else i + 3)
-            out.append("' '")
-            i = end + 1 if end > 0 else n
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
+    """The Lean source with comments (``--``, nested ``/- -/``, docstrings) and string and character
+    literals blanked out, line structure kept (the same stripping as the scan of ``ci/check-lean``)."""
+    return checker().strip(path.read_text(encoding="utf-8"))
 
 
 def theorems(path: Path) -> dict[str, bool]:

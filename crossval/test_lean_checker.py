@@ -8,16 +8,13 @@ statements) run in ``ci/check-lean`` itself.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 
 import pytest
 
-from crossval.registry import ROOT
+from crossval.registry import ROOT, checker
 
-_spec = importlib.util.spec_from_file_location("kvalean_check", ROOT / "ci" / "kvalean_check.py")
-kvalean_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(kvalean_check)
+kvalean_check = checker()
 
 MARK = "end KvaLean\n"  # Ridge.lean closes its namespace with this line; plants go just before it
 
