@@ -5,3 +5,4 @@ public import KvaLean.Ridge
 public import KvaLean.Identity
 public import KvaLean.Causality
 public import KvaLean.Certificate
+public import KvaLean.CertExamples

@@ -133,7 +133,7 @@ end RidgeInstance
 
 /-- A committed example (`m = 8`, `d = 4`, `p = 1`, `λ = 1`, `W0` the first identity column):
 rational data and the exact ridge solution. -/
-def exampleInstance : RidgeInstance where
+@[expose] def exampleInstance : RidgeInstance where
   m := 8
   d := 4
   p := 1
@@ -154,7 +154,7 @@ theorem exampleInstance_optimal (V : Fin exampleInstance.d → Fin exampleInstan
   exampleInstance.optimal_of_check exampleInstance_check V
 
 /-- A wrong certificate (one entry of `W` perturbed by `1/1000`). -/
-def badInstance : RidgeInstance := { exampleInstance with W := [[-11465493130244/28733430152769], [9517772577248/47889050254615], [3829348761564523/9577810050923000], [148144691459746/143667150763845]] }
+@[expose] def badInstance : RidgeInstance := { exampleInstance with W := [[-11465493130244/28733430152769], [9517772577248/47889050254615], [3829348761564523/9577810050923000], [148144691459746/143667150763845]] }
 
 /-- The checker rejects the wrong certificate. Exercises `ridgefill.certify.check_certificate`. -/
 theorem badInstance_rejected : badInstance.check = false := by decide +kernel

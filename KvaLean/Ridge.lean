@@ -74,6 +74,13 @@ sufficient statistics `G = XᵀX`, `B = Xᵀy`. -/
 @[expose] noncomputable def interceptOf {m d : Nat} (X : Fin m → Fin d → α) (y : Fin m → α) (w : Fin d → α) : α :=
   mean y - dot (colMean X) w
 
+/-- The intercepts of a multi-output map fitted after centring, one per output column:
+`b_c = ȳ_c − x̄·W_c`, i.e. the row vector `b = ȳ − x̄ W` that `ridgefill.ridge.fit_maps` returns
+next to `W` (`X` the inputs `h_S`, `Y` the targets `x_l`). -/
+@[expose] noncomputable def interceptMulti {m d p : Nat} (X : Fin m → Fin d → α) (Y : Fin m → Fin p → α)
+    (W : Fin d → Fin p → α) : Fin p → α :=
+  fun c => interceptOf X (col Y c) (col W c)
+
 end Defs
 
 section Theorems
@@ -446,6 +453,55 @@ theorem fit_maps_optimal {m d : Nat} (hm : 0 < m) (X : Fin m → Fin d → α) (
   | grind
 
 end Intercept
+
+section Streaming
+
+variable {α : Type} [Field α] [LE α] [LT α] [Std.LawfulOrderLT α] [Std.IsLinearOrder α]
+  [OrderedRing α]
+
+-- Some algebraic lemmas do not need the order: keep one instance set for the whole file anyway.
+set_option linter.unusedSectionVars false
+
+/-- **`sum_sub_mul_sub`** (second moments about any point from running sums): for rows `a`, `b` and
+points `p`, `q`, `∑ₖ (aₖ − p)(bₖ − q) = ∑ₖ aₖbₖ − q ∑ₖ aₖ − p ∑ₖ bₖ + m p q`. Entry by entry, this is
+what `ridgefill.ridge.RidgeStats.moments` computes from the shifted sums (`a = h − shift_h`,
+`b = x_l − shift_x`, `p = m_h − shift_h`, `q = m_x − shift_x`), and, with `p = −δ`, `q = −ε`, how
+`RidgeStats.merged` re-expresses another chunk's sums about a new shift. -/
+theorem sum_sub_mul_sub {m : Nat} (a b : Fin m → α) (p q : α) :
+    (sum fun k => (a k - p) * (b k - q)) =
+      (sum fun k => a k * b k) - q * sum a - p * sum b + card m * (p * q) := by
+  have h1 := sum_lin_of (F := fun k => (a k - p) * (b k - q)) 1 (p * q)
+    (fun k => (a k - p) * (b k - q) - p * q) (fun _ => (1 : α)) (fun k => by grind)
+  have h2 := sum_eq_lin3 (F := fun k => (a k - p) * (b k - q) - p * q) 1 (-q) (-p)
+    (fun k => a k * b k) a b (fun k => by grind)
+  have e3 : (card m : α) = sum fun _ : Fin m => (1 : α) := rfl
+  rw [e3]
+  grind
+
+/-- **`sum_append`**: a sum over `m + n` rows is the sum over the first `m` plus the sum over the
+last `n`, so running sums of two chunks add up (`ridgefill.ridge.RidgeStats.merged`, once both are
+about the same shift, `sum_sub_mul_sub`). -/
+theorem sum_append : ∀ {m n : Nat} (f : Fin (m + n) → α),
+    sum f = (sum fun i : Fin m => f (Fin.castAdd n i)) + sum fun j : Fin n => f (Fin.natAdd m j)
+  | m, 0, f => by
+    show sum f = (sum fun i : Fin m => f (Fin.castAdd 0 i)) + 0
+    have e : (sum fun i : Fin m => f (Fin.castAdd 0 i)) = sum f := rfl
+    rw [e]
+    grind
+  | m, n + 1, f => by
+    have ih : sum (fun i : Fin (m + n) => f i.castSucc) =
+        (sum fun i : Fin m => f (Fin.castAdd n i).castSucc) +
+          sum fun j : Fin n => f (Fin.natAdd m j).castSucc :=
+      sum_append (fun i : Fin (m + n) => f i.castSucc)
+    have e0 : sum f = sum (fun i : Fin (m + n) => f i.castSucc) + f (Fin.last (m + n)) := rfl
+    have e1 : (sum fun i : Fin m => f (Fin.castAdd n i).castSucc) =
+        sum fun i : Fin m => f (Fin.castAdd (n + 1) i) := rfl
+    have e2 : (sum fun j : Fin (n + 1) => f (Fin.natAdd m j)) =
+        (sum fun j : Fin n => f (Fin.natAdd m j).castSucc) + f (Fin.last (m + n)) := rfl
+    rw [e0, ih, e1, e2]
+    grind
+
+end Streaming
 
 end KvaLean
 

@@ -73,8 +73,8 @@ def build(maps: RidgeMaps) -> tuple[list[ExactInstance], list[ExactInstance]]:
 
 HEADER = "Regenerate with `python -m crossval.lean_certs` (see `crossval/README.md`)."
 
-_WHERE = re.compile(r"^def (\w+) : RidgeInstance where\n((?:[ \t]+\S.*\n?)+)", re.MULTILINE)
-_WITH = re.compile(r"^def (\w+) : RidgeInstance :=\s*\{\s*(\w+) with ((?:[^{}]|\n)*?)\}", re.MULTILINE)
+_WHERE = re.compile(r"^(?:@\[expose\] )?def (\w+) : RidgeInstance where\n((?:[ \t]+\S.*\n?)+)", re.MULTILINE)
+_WITH = re.compile(r"^(?:@\[expose\] )?def (\w+) : RidgeInstance :=\s*\{\s*(\w+) with ((?:[^{}]|\n)*?)\}", re.MULTILINE)
 _DOC = re.compile(r"/--\s*((?:(?!-/).)*?)\s*-/\s*$", re.DOTALL)
 _Q = re.compile(r"-?\d+(?:/\d+)?")
 
@@ -110,11 +110,11 @@ def lean_instances(text: str) -> dict[str, ExactInstance]:
 
 def parse_lean_certificates(text: str) -> tuple[list[ExactInstance], list[ExactInstance]]:
     """The instances of a file written by :func:`ridgefill.certify.export_lean_certificate`:
-    ``(accepted, wrong)``, from its ``check = true`` and ``check = false`` examples."""
+    ``(accepted, wrong)``, from its ``check = true`` and ``check = false`` theorems."""
     defs = lean_instances(text)
     accepted = [a or b for a, b in re.findall(r"have h : (\w+)\.check = true|^  (\w+)\.optimal_of_check \(by", text,
                                               re.MULTILINE)]
-    wrong = re.findall(r"example : (\w+)\.check = false", text)
+    wrong = re.findall(r"^theorem \w+ : (\w+)\.check = false", text, re.MULTILINE)
     return [defs[n] for n in accepted], [defs[n] for n in wrong]
 
 

@@ -14,6 +14,8 @@ When a Python function changes behaviour, look it up here to find the theorem an
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,8 @@ class Entry:
 _R = "test_ridge_props.py::"
 _F = "test_fill_props.py::"
 _C = "test_certificates.py::"
+_L = "test_identity_limit.py::"
+_S = "test_stream_props.py::"
 _SOLVE = ("ridgefill.ridge.solve_ridge",)
 _FIT = ("ridgefill.ridge.fit_maps", "ridgefill.ridge.solve_ridge")
 _FILL = ("ridgefill.fill.prefill",)
@@ -55,6 +59,9 @@ UNIQUE = (_R + "test_minimiser_unique",)
 NORMAL_EQ = (_R + "test_solve_matches_exact_minimiser",)
 RATE = (_R + "test_identity_rate",)
 EXACT_TARGETS = (_R + "test_exact_targets_give_identity",)
+LIMIT = (_L + "test_huge_lambda_gives_centred_identity",)
+INTERCEPT_ERR = (_L + "test_intercept_error_bounded_by_map_error",)
+STREAM = (_S + "test_merged_moments_equal_direct_moments",)
 IDENTITY_FILL = (_F + "test_identity_fill_is_ridge_fill_with_identity_maps",)
 CAUSAL = (_F + "test_later_tokens_never_change_earlier_rows",)
 LOWER = (_F + "test_lower_layers_exact",)
@@ -99,15 +106,34 @@ REGISTRY: tuple[Entry, ...] = (
               GAP + OPTIMAL + UNIQUE, "supporting lemma"),
     *_entries("Ridge", "card_pos sum_sq_shift sum_residual_eq", ("ridgefill.ridge.fit_maps",), GAP + OPTIMAL,
               "supporting lemma (intercept)"),
+    *_entries("Ridge", "sum_sub_mul_sub sum_append", ("ridgefill.ridge.fit_maps",), STREAM,
+              "streaming statistics: RidgeStats.moments and RidgeStats.merged (methods the registry cannot name)"),
     # ---- KvaLean/Identity.lean: large λ gives the identity fill -------------------------------------
     Entry("KvaLean.identity_fill_eq", "KvaLean/Identity.lean", _PREDICT + _FILL, IDENTITY_FILL,
           "W = I, b = 0 is the identity fill"),
     Entry("KvaLean.affineMap_idMat_zero", "KvaLean/Identity.lean", _PREDICT, IDENTITY_FILL, "h I + 0 = h"),
     Entry("KvaLean.ridge_identity_rate", "KvaLean/Identity.lean", _SOLVE, RATE, "λ²‖W_λ − I‖² ≤ ‖Xᵀ(Y − X)‖²"),
-    Entry("KvaLean.ridge_tendsto_identity", "KvaLean/Identity.lean", _SOLVE, RATE, "W_λ → I as λ → ∞"),
+    Entry("KvaLean.ridge_tendsto_identity", "KvaLean/Identity.lean", _FIT, RATE + LIMIT,
+          "W_λ → I as λ → ∞ (the map only; the intercept: fit_maps_tendsto_centred)"),
     Entry("KvaLean.ridge_eq_prior_of_exact", "KvaLean/Identity.lean", _SOLVE, EXACT_TARGETS,
           "targets equal to the inputs give W = I"),
     *_entries("Identity", "sum_ite_eq", _PREDICT, IDENTITY_FILL, "supporting lemma"),
+    Entry("KvaLean.ridge_multi_identity_rate", "KvaLean/Identity.lean", _SOLVE, RATE + LIMIT,
+          "λ²‖W_λ − W₀‖²_F ≤ ∑_c ‖Xᵀ(Y_c − X W₀_c)‖²"),
+    Entry("KvaLean.ridge_multi_tendsto", "KvaLean/Identity.lean", _SOLVE, LIMIT, "W_λ → W₀ (Frobenius) as λ → ∞"),
+    Entry("KvaLean.intercept_err_le", "KvaLean/Identity.lean", ("ridgefill.ridge.fit_maps",), INTERCEPT_ERR,
+          "‖b − (x̄ − h̄)‖² ≤ ‖h̄‖² ‖W − I‖²_F"),
+    Entry("KvaLean.fit_maps_tendsto_centred", "KvaLean/Identity.lean", ("ridgefill.ridge.fit_maps",) + _FILL, LIMIT,
+          "(W_λ, b_λ) → (I, x̄ − h̄) as λ → ∞: the centred mode, not the identity fill"),
+    Entry("KvaLean.centred_limit_eq_identity_iff", "KvaLean/Identity.lean", _FILL, LIMIT + EXACT_TARGETS,
+          "the limit is the identity fill iff x̄ = h̄"),
+    Entry("KvaLean.affineMap_idMat", "KvaLean/Identity.lean", _FILL, LIMIT, "h I + b = h + b"),
+    Entry("KvaLean.ridge_err_le_residual", "KvaLean/Identity.lean", ("ridgefill.certify.layer_certificate",),
+          NUMERIC_CERTS, "‖W − W★‖ ≤ ‖R‖/μ from G + λI ⪰ μI and the normal-equation residual R"),
+    *_entries("Identity", "err_le_of_coercive", ("ridgefill.certify.layer_certificate",), NUMERIC_CERTS,
+              "supporting lemma"),
+    *_entries("Identity", "dot_mul_self_le dot_sub_right dot_col_idMat div_pos_of_pos le_of_mul_self_mul_le",
+              _FIT, LIMIT + INTERCEPT_ERR, "supporting lemma"),
     # ---- KvaLean/Causality.lean: the fill prefill ---------------------------------------------------
     Entry("KvaLean.Decoder.filled_causal", "KvaLean/Causality.lean", _FILL, CAUSAL, "rows ≤ t ignore tokens after t"),
     Entry("KvaLean.Decoder.input_causal", "KvaLean/Causality.lean", _FILL, CAUSAL, "the same for the exact model"),
@@ -137,6 +163,12 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("KvaLean.badInstance_rejected", "KvaLean/Certificate.lean", _CHECK, LEAN_EXAMPLE,
           "the perturbed example is rejected"),
     *_entries("Certificate", "allFin_spec", _CHECK, EXACT_CERTS, "supporting lemma"),
+    # ---- KvaLean/CertExamples.lean: the committed exact certificates, as named theorems -------------
+    *(Entry(f"KvaLean.CertExamples.{n}_optimal", "KvaLean/CertExamples.lean", _CHECK, EXACT_CERTS,
+            "the kernel accepts this committed certificate: its W is the ridge minimiser")
+      for n in ("dataA", "dataB", "statsLast")),
+    *(Entry(f"KvaLean.CertExamples.{n}_rejected", "KvaLean/CertExamples.lean", _CHECK, EXACT_CERTS,
+            "the kernel rejects this wrong certificate") for n in ("dataAWrong", "statsLastWrong")),
     # ---- KvaLean/LinAlg.lean: finite sums and vectors ------------------------------------------------
     *_entries("LinAlg", "fin_cases_last sum_zero_dim sum_succ sum_congr sum_const_zero sum_lin sum_lin_of sum_add "
               "mul_sum sum_mul sum_eq_lin3 sum_comm sum_nonneg sum_le_sum sum_eq_zero_iff_of_nonneg mul_self_nonneg "
@@ -163,41 +195,19 @@ def lean_files() -> list[Path]:
     return ([top] if top.is_file() else []) + files
 
 
+@functools.lru_cache(maxsize=1)
+def checker():
+    """``ci/kvalean_check.py`` (the scan of ``ci/check-lean``), loaded by path: it is not a package."""
+    spec = importlib.util.spec_from_file_location("kvalean_check", ROOT / "ci" / "kvalean_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def code_of(path: Path) -> str:
-    """The Lean source with comments (``--``, nested ``/- -/``, docstrings) and the contents of string
-    and character literals blanked out, line structure kept."""
-    text, out, i, n = path.read_text(encoding="utf-8"), [], 0, 0
-    n = len(text)
-    while i < n:
-        c2 = text[i:i + 2]
-        if c2 == "/-":
-            depth, i = 1, i + 2
-            while i < n and depth:
-                if text.startswith("/-", i):
-                    depth, i = depth + 1, i + 2
-                elif text.startswith("-/", i):
-                    depth, i = depth - 1, i + 2
-                else:
-                    out.append("\n" if text[i] == "\n" else "")
-                    i += 1
-            out.append(" ")
-        elif c2 == "--":
-            while i < n and text[i] != "\n":
-                i += 1
-        elif text[i] == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
-            out.append('""')
-            i += 1
-        elif text[i] == "'" and i + 2 < n and (text[i + 2] == "'" or text[i + 1] == "\\"):
-            end = text.find("'", i + 2 if text[i + 1] != "\\" else i + 3)
-            out.append("' '")
-            i = end + 1 if end > 0 else n
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
+    """The Lean source with comments (``--``, nested ``/- -/``, docstrings) and string and character
+    literals blanked out, line structure kept (the same stripping as the scan of ``ci/check-lean``)."""
+    return checker().strip(path.read_text(encoding="utf-8"))
 
 
 def theorems(path: Path) -> dict[str, bool]:

@@ -39,8 +39,9 @@ def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = 
         prior: ``W₀`` ``[d, k]``; default the identity (``k = d``), i.e. the identity fill.
 
     Returns:
-        ``W`` ``[d, k]`` float64, the unique minimiser of ``‖H W − X‖² + λ‖W − W₀‖²`` (Lean:
-        ``KvaLean.Ridge.ridge_optimal``, ``ridge_unique``; multi-output ``ridge_optimal_matrix``).
+        ``W`` ``[d, k]`` float64, the unique minimiser of ``‖H W − X‖² + λ‖W − W₀‖²`` (Lean, in
+        ``KvaLean/Ridge.lean``: ``KvaLean.ridge_optimal``, ``ridge_unique``; multi-output
+        ``ridge_multi_optimal``, ``ridge_multi_unique``).
 
     Raises:
         InputError: not tensors, shapes disagree, or ``λ`` is not a finite number ``≥ 0``.
@@ -270,8 +271,9 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
     Returns:
         :class:`FittedMaps`; ``W_l`` solves ``(G + λI) W = B_l + λW₀`` on centred statistics and
         ``b_l = x̄_l − h̄ W_l``, with the prior ``W₀ = I`` for layer-input targets and ``W₀ = 0`` for K/V
-        targets (:func:`default_prior`) (Lean: ``KvaLean.Ridge.ridge_multi_optimal``, intercept by
-        centring: ``KvaLean.Ridge.fit_maps_optimal``).
+        targets (:func:`default_prior`) (Lean: ``KvaLean.ridge_multi_optimal`` for ``W_l``,
+        ``KvaLean.fit_maps_optimal`` for the intercept by centring; for input maps, as ``λ → ∞``,
+        ``(W_l, b_l)`` tends to ``(I, x̄_l − h̄)``, the centred identity fill, ``KvaLean.fit_maps_tendsto_centred``).
 
     Raises:
         InputError: no statistics, a bad ``λ`` spec (``bool``, a string other than ``"auto"``, NaN,

@@ -1,0 +1,50 @@
+"""Property tests of the streaming-statistics algebra (``KvaLean.Ridge``, section ``Streaming``):
+:class:`ridgefill.RidgeStats` keeps sums about a shift, merges chunks whose shifts differ
+(:meth:`~ridgefill.RidgeStats.merged`) and turns the sums into second moments about any point
+(:meth:`~ridgefill.RidgeStats.moments`). ``sum_sub_mul_sub`` and ``sum_append`` say the result is the
+moment computed directly on the rows; here it is compared with that direct sum on the raw rows, to
+float64 rounding (``eps`` times the number of rows times the size of the products summed).
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from ridgefill import RidgeStats
+
+from crossval import tally
+from crossval.problems import EPS, F64, ridge_problems
+
+ROUND_C = 64.0
+
+
+@given(ridge_problems(), st.data())
+def test_merged_moments_equal_direct_moments(p, data):
+    """Two chunks (each with its own shift) merged, then moments about a drawn point ``(m_h, m_x)``:
+    equal to ``Σ (h − m_h)(h − m_h)ᵀ``, ``Σ (h − m_h)(x_l − m_x)ᵀ``, ``Σ ‖x_l − m_x‖²`` on the rows."""
+    cut = data.draw(st.integers(0, p.n), label="rows in the first chunk")
+    offset = data.draw(st.floats(-100, 100), label="offset of the second chunk")
+    h, xs = p.h.clone(), p.xs.clone()
+    h[cut:] += offset  # a second chunk far from the first: its shift differs
+    xs[:, cut:] -= offset
+    first, second = RidgeStats(xs.shape[0], p.d), RidgeStats(xs.shape[0], p.d)
+    if cut:
+        first.update(h[:cut], xs[:, :cut])
+    if cut < p.n:
+        second.update(h[cut:], xs[:, cut:])
+    merged = first.merged(second)
+    assert merged.count == p.n
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 32 - 1), label="seed"))
+    for layer in range(xs.shape[0]):
+        mh = h.mean(0) + torch.randn(p.d, generator=g, dtype=F64)
+        mx = xs[layer].mean(0) + torch.randn(p.d, generator=g, dtype=F64)
+        shh, shx, sxx = merged.moments(layer, mh, mx)
+        dh, dx = h - mh, xs[layer] - mx
+        size = (1 + float(h.abs().max()) + float(mh.abs().max())) * \
+            (1 + float(xs[layer].abs().max()) + float(mx.abs().max()) + float(h.abs().max()))
+        tol = ROUND_C * (p.n + p.d) * EPS * size
+        assert float((shh - dh.T @ dh).abs().max()) <= tol
+        assert float((shx - dh.T @ dx).abs().max()) <= tol
+        assert abs(float(sxx) - float(dx.square().sum())) <= tol * p.d
+        tally.example()
