@@ -93,7 +93,7 @@ def test_scores_are_the_exact_attention_with_oracle_maps():
             shape = (1, ad.num_kv_heads, n, ad.head_dim)
             x = ad.layer(layer, x, rope, pos, torch.empty(shape), torch.empty(shape))
         fill = _LateFill(ad, range(S + 1, ad.num_layers), x, rope, _fill_maps("ridge", maps, x), None, True, False)
-        scorer = _AttentionScores(ad, n, Select())
+        scorer = _AttentionScores(ad, n, Select(heads="sum"))
         fill.run(torch.arange(n - 6, n), scorer)
     torch.testing.assert_close(scorer.scores, want, rtol=0, atol=5e-4)
     # the best filled rows (the same ones the exact attention prefers) are what choose_rows takes first

@@ -40,7 +40,7 @@ def parse_select(value: str):
 
 
 SELECT_HELP = ("query-aware row selection: 'on' (the default selection), 'off', or key=value pairs such as "
-               "'budget=0.025,before=2,after=12,queries=1,heads=max,rounds=1,sink=1' (budget: a share of the "
+               "'budget=0.05,before=2,after=16,queries=1,heads=induction,top_heads=8,rounds=1,sink=1' (budget: a share of the "
                "prompt < 1, or rows)")
 
 

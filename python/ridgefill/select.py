@@ -53,11 +53,11 @@ class Select:
             spend the budget on them and their neighbours.
     """
 
-    budget: float = 0.025
+    budget: float = 0.05
     before: int = 2
-    after: int = 12
+    after: int = 16
     queries: int = 1
-    heads: Literal["sum", "max", "induction"] = "sum"
+    heads: Literal["sum", "max", "induction"] = "induction"
     rounds: int = 1
     sink: int = 1
     top_heads: int = 8
@@ -113,7 +113,7 @@ class Select:
 
 #: The selection ``ridgefill run`` and the evaluation commands use by default (chosen from the
 #: measurements in docs/evaluate.md, "Row selection").
-DEFAULT_SELECT = Select(budget=0.05, before=2, after=16, heads="induction")
+DEFAULT_SELECT = Select()
 
 
 def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int) -> Tensor:
