@@ -127,7 +127,7 @@ class LlamaAdapter(DecoderAdapter):
         if (cls.kv is not LlamaAdapter.kv or cls.project_kv is not LlamaAdapter.project_kv
                 or cls.rope is not LlamaAdapter.rope):
             return False
-        like = self.body.layers[0].input_layernorm.weight[None, None]
+        like = self.body.layers[0].input_layernorm.weight.detach()[None, None]
         probe = self.rope(torch.zeros(1, dtype=torch.long, device=like.device), like)  # RoPE over the whole head?
         if probe.cos.shape[-1] != self.head_dim:
             return False
