@@ -15,7 +15,7 @@ from ridgefill.adapters import (MistralAdapter, Phi3Adapter, Qwen2Adapter, Qwen3
 from transformers import (DynamicCache, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
-from conftest import oracle_maps
+from conftest import oracle_maps, reference
 
 VOCAB, HIDDEN, LAYERS, WINDOW, N = 101, 64, 5, 8, 40
 S = 1  # split: layers 0-1 exact, 2-4 late
@@ -64,11 +64,6 @@ def build(name: str):
 @pytest.fixture(scope="module")
 def ids():
     return torch.randint(3, VOCAB, (2, N), generator=torch.Generator().manual_seed(1))
-
-
-@torch.no_grad()
-def reference(model, ids):
-    return model(ids, cache=DynamicCache(config=model.config), use_cache=True, output_hidden_states=True)
 
 
 def kv(cache, layer):

@@ -13,7 +13,7 @@ from ridgefill import InputError, generate_after, prefill
 from ridgefill.adapters import HybridAdapter, adapter_for
 from transformers import DynamicCache, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 
-from conftest import oracle_maps
+from conftest import oracle_maps, reference
 
 VOCAB, N, S = 101, 40, 1
 TYPES = ["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention",
@@ -49,11 +49,6 @@ def build(name):
 @pytest.fixture(scope="module")
 def ids():
     return torch.randint(3, VOCAB, (2, N), generator=torch.Generator().manual_seed(1))
-
-
-@torch.no_grad()
-def reference(model, ids):
-    return model(ids, cache=DynamicCache(config=model.config), use_cache=True, output_hidden_states=True)
 
 
 def assert_cache_close(a, b, atol):
