@@ -800,3 +800,47 @@ def test_fuzz_gguf_load_model(tmp_path, gguf_file):
           f"{counts['loaded']} correct loads, {len(failures)} failures")
     assert counts["tried"] == 45 and failures == []
     assert counts["AssetError"] > 10
+
+
+# ------------------------------------------------------------------------------------------------
+# Found by a review on a clean clone: numpy integers, token ids, huge numbers, a failed save
+# ------------------------------------------------------------------------------------------------
+
+def test_numpy_integers_are_used_as_ints(model, maps):
+    import numpy as np
+
+    ids = torch.randint(0, 101, (1, 24), generator=torch.Generator().manual_seed(3))
+    res = prefill(model, ids, maps, tail=np.int64(4), mode="ridge")
+    assert generate_after(model, ids, res, np.int64(2)).shape == (1, 2)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(model, maps):
+    for bad in (torch.full((1, 8), 500), torch.full((1, 8), -1), torch.zeros((0, 8), dtype=torch.long)):
+        with pytest.raises(InputError, match="token ids in 0..100"):
+            prefill(model, bad, maps, tail=2, mode="ridge")
+
+
+def test_huge_integers_in_metadata_and_lambda_are_clean_errors(tmp_path, maps):
+    src = maps.save(tmp_path / "m.safetensors")
+    with pytest.raises(MapsFormatError):
+        load_maps(_rewrite(src, tmp_path / "big.safetensors", meta=_set("lambdas", [10 ** 400] * len(maps.lambdas))))
+    with pytest.raises(InputError, match="finite number"):
+        solve_ridge(torch.eye(3), torch.eye(3), 10 ** 400)
+
+
+def test_a_failed_save_leaves_the_old_pair_whole(tmp_path, maps):
+    """Metadata that cannot be stored is refused before anything is written: the old maps and
+    statistics stay a matching pair."""
+    import numpy as np
+    from ridgefill.maps import maps_digest
+
+    path = tmp_path / "pair.safetensors"
+    maps.save(path)
+    bad = RidgeMaps(maps.split, maps.weights * 2, maps.biases, maps.lambdas, dict(maps.meta, chunk=np.int64(128)),
+                    maps.stats)
+    with pytest.raises(InputError, match="JSON"):
+        bad.save(path)
+    back, (_, smeta) = load_maps(path), load_stats(stats_path(path))
+    assert torch.equal(back.weights, maps.weights) and smeta["maps_sha256"] == maps_digest(back.weights, back.biases)
+    with pytest.raises(InputError, match="is a folder"):
+        maps.save(tmp_path)

@@ -160,8 +160,8 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
                         for s in splits))
     if not splits:
         raise InputError("no split given: pass at least one split S")
-    check_int(heldout_every, "heldout_every", lo=1)
-    check_int(checkpoint_every, "checkpoint_every", lo=1)
+    heldout_every = check_int(heldout_every, "heldout_every", lo=1)
+    checkpoint_every = check_int(checkpoint_every, "checkpoint_every", lo=1)
     if not chunks:
         raise InputError("no calibration chunks: the calibration text is empty")
     if targets not in TARGETS:
@@ -235,7 +235,7 @@ def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[
         SingularGramError, NonFiniteError, MapsFormatError: see :func:`collect_stats_many` and
             :func:`ridgefill.ridge.fit_maps`.
     """
-    check_int(split, "split S", lo=0)
+    split = check_int(split, "split S", lo=0)
     return calibrate_many(model, tokenizer, texts, splits=(split,), tokens=tokens, chunk=chunk, lam=lam,
                           heldout_every=heldout_every, model_name=model_name, progress=progress,
                           checkpoint=checkpoint, checkpoint_every=checkpoint_every, targets=targets)[split]
@@ -259,9 +259,9 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
     if bad:
         raise InputError(f"every calibration text must be a str; got {bad[:5]}")
     if tokens is not None:
-        check_int(tokens, "tokens", lo=1, hint="or None for all of the text")
-    check_int(chunk, "chunk", lo=2, hint="1024 is typical")
-    check_int(heldout_every, "heldout_every", lo=1)
+        tokens = check_int(tokens, "tokens", lo=1, hint="or None for all of the text")
+    chunk = check_int(chunk, "chunk", lo=2, hint="1024 is typical")
+    heldout_every = check_int(heldout_every, "heldout_every", lo=1)
     if not isinstance(model_name, str):
         raise InputError(f"model_name must be a str; got {type(model_name).__name__}")
     if isinstance(lam, (list, tuple)):

@@ -139,6 +139,15 @@ def _cmd_calibrate(a) -> None:
     from .calibrate import calibrate
     from .checkpoint import checkpoint_path
 
+    from .errors import InputError
+
+    out = Path(a.out)  # checked before the calibration, which can take hours
+    if out.is_dir():
+        raise InputError(f"--out {a.out!r} is a folder: give the maps file's path, e.g. {str(out / 'maps.safetensors')!r}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"--out {a.out!r}: its folder cannot be created ({e}); choose a writable path") from e
     model, tok, name = load_model(a.model)
     if a.text:
         texts = {t: _read_text(t) for t in a.text}

@@ -34,6 +34,31 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     return path
 
 
+def atomic_write_all(writes: list[tuple[str | os.PathLike, Callable[[str], None]]]) -> list[Path]:
+    """:func:`atomic_write` for files that belong together: every ``write(tmp)`` runs on its own
+    temporary file first; only when all have succeeded are they renamed onto their paths, in order. If
+    any write raises, no path is touched and every temporary file is removed."""
+    done: list[tuple[Path, str]] = []
+    try:
+        for path, write in writes:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            done.append((path, tmp))
+            write(tmp)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        for path, tmp in done:
+            os.replace(tmp, path)
+    except BaseException:
+        for _, tmp in done:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    return [path for path, _ in done]
+
+
 def write_json(path: str | os.PathLike, obj) -> Path:
     """Write ``obj`` as indented JSON, atomically."""
     text = json.dumps(obj, indent=2, sort_keys=False) + "\n"

@@ -181,13 +181,18 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     if select is not None and mode in ("exact", "none"):
         raise InputError(f"select chooses exact rows from the attention to the filled rows' K/V; mode {mode!r} "
                          "has none: use it with 'ridge', 'centred' or 'identity'")
+    vocab = model.get_input_embeddings().num_embeddings
+    if input_ids.numel() == 0 or int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
+        got = "no rows" if input_ids.numel() == 0 else f"ids in {int(input_ids.min())}..{int(input_ids.max())}"
+        raise InputError(f"input_ids must be token ids in 0..{vocab - 1} (this model's vocabulary) with at least "
+                         f"one batch row; got {got}: tokenize with this model's tokenizer")
     n = input_ids.shape[1]
-    check_int(tail, "tail", lo=1, hi=n, hint="the last row must be exact and the tail cannot be longer than "
+    tail = check_int(tail, "tail", lo=1, hi=n, hint="the last row must be exact and the tail cannot be longer than "
               "the prompt (use mode='exact' to run every row exactly)")
     exact_rows = check_rows(exact_rows, "exact_rows", n)
     check_choice(logits, "logits", ("last", "exact"))
     if split is not None:
-        check_int(split, "split", lo=0)
+        split = check_int(split, "split", lo=0)
     if maps is not None and not isinstance(maps, RidgeMaps):
         raise InputError(f"maps must be a RidgeMaps (ridgefill.load_maps) or None; got {type(maps).__name__}")
     if kv_hook is not None and not callable(kv_hook):
@@ -423,7 +428,7 @@ def generate_after(model: torch.nn.Module, input_ids: Tensor, result: PrefillRes
     """
     if not isinstance(result, PrefillResult):
         raise InputError(f"result must be the PrefillResult of ridgefill.prefill; got {type(result).__name__}")
-    check_int(max_new_tokens, "max_new_tokens", lo=1)
+    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", lo=1)
     if result.consumed:
         raise InputError("this PrefillResult was already decoded from: generate_after extends its cache in "
                          "place, so a second call would continue from the wrong cache; call prefill again")

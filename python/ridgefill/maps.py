@@ -29,9 +29,9 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from .errors import InputError, MapsFormatError, MapsMismatchError
-from .fileio import atomic_write, file_lock
+from .fileio import atomic_write, atomic_write_all, file_lock
 from .ridge import RidgeStats
-from .validate import is_int, is_real
+from .validate import finite_float, is_int, is_real
 
 FORMAT_VERSION = 1
 _CONFIG_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -232,16 +232,26 @@ class RidgeMaps:
         if self.mean_h is not None and self.mean_x is not None:
             tensors["mean_h"] = self.mean_h.detach().to(torch.float32).contiguous().cpu()
             tensors["mean_x"] = self.mean_x.detach().to(torch.float32).contiguous().cpu()
+        path = Path(path)
+        if path.is_dir():
+            raise InputError(f"cannot write maps to {str(path)!r}: it is a folder; give a file name such as "
+                             f"{str(path / 'maps.safetensors')!r}")
+        try:  # fail before anything is written when the metadata cannot be stored
+            text = json.dumps(meta, sort_keys=True)
+        except (TypeError, ValueError) as e:
+            raise InputError(f"maps metadata cannot be written as JSON ({e}); use plain numbers and strings") from e
+        writes = []
+        if self.stats is not None:  # statistics first, maps last: both written before either is renamed
+            stats_tensors, stats_text = _stats_payload(self.stats, {
+                "maps_sha256": maps_digest(tensors["weights"], tensors["biases"]), "split": self.split,
+                "model_hash": self.meta.get("model_hash"), "text_sha256": self.meta.get("text_sha256")})
+            writes.append((stats_path(path), lambda tmp: save_file(stats_tensors, tmp,
+                                                                   metadata={"ridgefill_stats": stats_text})))
+        writes.append((path, lambda tmp: save_file(tensors, tmp, metadata={"ridgefill": text})))
         with file_lock(pair_lock_path(path)):  # two runs saving here cannot leave a mixed maps/stats pair
-            if self.stats is not None:
-                save_stats(stats_path(path), self.stats, {
-                    "maps_sha256": maps_digest(tensors["weights"], tensors["biases"]), "split": self.split,
-                    "model_hash": self.meta.get("model_hash"), "text_sha256": self.meta.get("text_sha256")})
-            else:  # statistics of earlier maps at this path would not belong to these
+            if self.stats is None:  # statistics of earlier maps at this path would not belong to these
                 stats_path(path).unlink(missing_ok=True)
-            out = atomic_write(path, lambda tmp: save_file(
-                tensors, tmp, metadata={"ridgefill": json.dumps(meta, sort_keys=True)}))
-        return out
+            return atomic_write_all(writes)[-1]
 
 
 def maps_digest(weights: Tensor, biases: Tensor) -> str:
@@ -272,13 +282,22 @@ _STATS_TENSORS = ("shift_h", "shift_x", "sum_h", "gram", "sum_x", "cross", "sq_x
 def save_stats(path: str | os.PathLike, stats: RidgeStats, meta: dict) -> Path:
     """Write :class:`RidgeStats` (float64 tensors, see its docstring for shapes) and ``meta`` (JSON
     metadata, e.g. ``maps_sha256``) to ``path`` atomically."""
+    tensors, text = _stats_payload(stats, meta)
+    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"ridgefill_stats": text}))
+
+
+def _stats_payload(stats: RidgeStats, meta: dict) -> tuple[dict[str, Tensor], str]:
+    """The tensors and JSON metadata of a statistics file. Raises :class:`InputError` for empty
+    statistics or metadata that is not JSON."""
     if stats.count == 0:
         raise InputError("cannot save empty statistics (no calibration rows)")
     tensors = {k: getattr(stats, k).detach().to(torch.float64).contiguous().cpu() for k in _STATS_TENSORS}
     meta = dict(meta, format_version=FORMAT_VERSION, count=stats.count, layers=stats.layers,
                 hidden=stats.hidden, outputs=stats.outputs, targets=stats.targets)
-    return atomic_write(path, lambda tmp: save_file(
-        tensors, tmp, metadata={"ridgefill_stats": json.dumps(meta, sort_keys=True)}))
+    try:
+        return tensors, json.dumps(meta, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"statistics metadata cannot be written as JSON ({e}); use plain numbers and strings") from e
 
 
 def _read(path: Path, key: str, what: str, redo: str) -> tuple[dict | None, dict[str, Tensor]]:
@@ -313,7 +332,7 @@ def _bad_meta(meta: dict, schema: dict[str, Callable[[object], bool]]) -> list[s
 
 
 def _finite_real(v: object) -> bool:
-    return is_real(v) and math.isfinite(v)
+    return finite_float(v) is not None
 
 
 def _count(v: object) -> bool:
@@ -380,6 +399,15 @@ def load_stats(path: str | os.PathLike) -> tuple[RidgeStats, dict]:
     if not is_int(outputs) or outputs < 1 or (targets == "inputs" and outputs != d):
         raise MapsFormatError(f"statistics file {str(path)!r} has outputs {outputs!r} for {targets!r} targets of "
                               f"hidden size {d}; {redo}")
+    # the tensors' shapes before any allocation sized by the metadata
+    want = {"shift_h": (d,), "sum_h": (d,), "gram": (d, d), "shift_x": (n, outputs), "sum_x": (n, outputs),
+            "cross": (n, d, outputs), "sq_x": (n,)}
+    bad = [f"{k} {tuple(tensors[k].shape)} (expected {v})" for k, v in want.items() if tuple(tensors[k].shape) != v]
+    if bad:
+        raise MapsFormatError(f"statistics file {str(path)!r}: tensors of the wrong shape for {n} layers of size {d} "
+                              f"and {outputs} outputs: {', '.join(bad)}; {redo}")
+    if meta["count"] > 2 ** 53:
+        raise MapsFormatError(f"statistics file {str(path)!r} claims {meta['count']} rows, beyond float64 counts; {redo}")
     stats = RidgeStats(n, d, meta.get("count"), tensors["shift_h"], tensors["shift_x"], outputs, targets)
     for k in _STATS_TENSORS[2:]:
         if tensors[k].shape != getattr(stats, k).shape:

@@ -30,6 +30,18 @@ def is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def finite_float(value: Any) -> float | None:
+    """``float(value)`` for a finite real number (integers too large for a float, NaN and infinities
+    give ``None``), else ``None``."""
+    if not is_real(value):
+        return None
+    try:
+        out = float(value)
+    except (OverflowError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
 def check_int(value: Any, name: str, *, lo: int | None = None, hi: int | None = None,
               hint: str = "", error: type[Exception] = InputError) -> int:
     """Return ``int(value)`` if it is an integer in ``lo..hi`` (either bound may be ``None``).
@@ -58,9 +70,11 @@ def check_real(value: Any, name: str, *, lo: float | None = None, hint: str = ""
     """
     rng = f" ≥ {lo}" if lo is not None else ""
     tail = f"; {hint}" if hint else ""
-    if not is_real(value) or not math.isfinite(float(value)) or (lo is not None and float(value) < lo):
-        raise error(f"{name} must be a finite number{rng}; got {value!r} ({type(value).__name__}){tail}")
-    return float(value)
+    out = finite_float(value)
+    if out is None or (lo is not None and out < lo):
+        shown = repr(value) if len(repr(value)) < 60 else repr(value)[:60] + "..."
+        raise error(f"{name} must be a finite number{rng}; got {shown} ({type(value).__name__}){tail}")
+    return out
 
 
 def check_choice(value: Any, name: str, choices: Iterable[str], hint: str = "") -> str:
