@@ -528,6 +528,7 @@ def test_killed_calibration_resumes_bit_identical(tmp_path):
 # ------------------------------------------------------------------------------------------------
 
 def _saver(path: str, seed: int, rounds: int) -> None:
+    torch.set_num_threads(1)  # a forked child must not use the parent's OpenMP pool
     g = torch.Generator().manual_seed(seed)
     for _ in range(rounds):
         stats = RidgeStats(2, 16)
