@@ -540,7 +540,7 @@ def _saver(path: str, seed: int, rounds: int) -> None:
 
 def test_concurrent_saves_leave_a_matching_pair(tmp_path):
     path = tmp_path / "pair.safetensors"
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # forking a process whose OpenMP pool has run can hang the child
     procs = [ctx.Process(target=_saver, args=(str(path), seed, 25)) for seed in (1, 2, 3)]
     for p in procs:
         p.start()
