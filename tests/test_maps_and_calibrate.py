@@ -195,3 +195,21 @@ def test_atomic_write_gives_usual_permissions_and_keeps_the_old_file_on_failure(
     with pytest.raises(RuntimeError):
         atomic_write(path, lambda tmp: (open(tmp, "w").write("half"), (_ for _ in ()).throw(RuntimeError("x"))))
     assert path.read_text() == '{\n  "a": 1\n}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_attach_stats_gives_old_maps_their_means(tmp_path, maps):
+    """Maps files written before the calibration means were stored take them from their statistics."""
+    from ridgefill.maps import attach_stats
+
+    path = tmp_path / "m.safetensors"
+    old = RidgeMaps(maps.split, maps.weights, maps.biases, maps.lambdas, dict(maps.meta), maps.stats)
+    old.save(path)  # no means in the file
+    back = load_maps(path)
+    assert back.mean_h is None
+    attach_stats(back, path)
+    mean_h, mean_x = maps.stats.means()
+    assert torch.equal(back.mean_h, mean_h.float()) and torch.equal(back.mean_x, mean_x.float())
+    assert torch.equal(back.centred_biases(), maps.centred_biases())
+    other = RidgeMaps(maps.split, maps.weights * 2, maps.biases, maps.lambdas, dict(maps.meta))
+    with pytest.raises(MapsFormatError, match="belongs to other maps"):
+        attach_stats(other, path)

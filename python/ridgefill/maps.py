@@ -254,6 +254,28 @@ class RidgeMaps:
             return atomic_write_all(writes)[-1]
 
 
+def attach_stats(maps: RidgeMaps, path: str | os.PathLike) -> RidgeMaps:
+    """Give ``maps`` (loaded from ``path``) the statistics saved beside it, when there are some, and the
+    calibration means those hold if the maps file has none (files written before the means were
+    stored). Returns ``maps``.
+
+    Raises:
+        MapsFormatError: the statistics file is unreadable, or belongs to other maps.
+    """
+    spath = stats_path(path)
+    if not spath.exists():
+        return maps
+    stats, smeta = load_stats(spath)
+    if smeta.get("maps_sha256") not in (None, maps_digest(maps.weights, maps.biases)):
+        raise MapsFormatError(f"statistics file {str(spath)!r} belongs to other maps than {str(path)!r}; "
+                              "refit them with `ridgefill calibrate`")
+    maps.stats = stats
+    if maps.mean_h is None and maps.kind == "inputs":
+        mean_h, mean_x = stats.means()
+        maps.mean_h, maps.mean_x = mean_h.float(), mean_x.float()
+    return maps
+
+
 def maps_digest(weights: Tensor, biases: Tensor) -> str:
     """SHA-256 (hex) of the maps as stored: float32 ``weights`` ``[layers, d, d]`` then ``biases``
     ``[layers, d]``. Ties a statistics file to the maps solved from it."""

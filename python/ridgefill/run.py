@@ -39,7 +39,7 @@ from .errors import InputError, MapsFormatError, MapsMismatchError
 from .fileio import write_json
 from .fill import MODES, generate_after, prefill
 from .select import DEFAULT_SELECT, Select
-from .maps import RidgeMaps, load_maps
+from .maps import RidgeMaps, attach_stats, load_maps
 
 
 @dataclass
@@ -120,8 +120,11 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
     path = Path(cfg.maps) if cfg.maps else Path(cfg.out) / f"maps-S{cfg.split}.safetensors"
     if path.exists():
         try:
-            maps = load_maps(path)
+            maps = attach_stats(load_maps(path), path)  # the means of files from before they were stored
             maps.check_model(model, cfg.split)
+            if maps.mean_h is None and "centred" in cfg.modes:
+                raise MapsFormatError("they hold no calibration means (needed by mode centred) and have no "
+                                      "statistics file to take them from")
             same = (maps.meta.get("calibration_tokens", 0) >= cfg.calib_tokens * (1 - 1 / 8)
                     and maps.meta.get("lambda_spec") == str(cfg.lam) and maps.meta.get("chunk") == cfg.chunk)
             if same:

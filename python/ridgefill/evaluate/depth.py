@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from ..errors import InputError, MapsFormatError, MapsMismatchError
-from ..maps import RidgeMaps, load_maps, load_stats, stats_path
+from ..maps import RidgeMaps, attach_stats, load_maps
 
 #: The seed's depths (fractions of the layer count).
 SEED_DEPTHS: tuple[str, ...] = ("1/4", "3/8", "1/2", "5/8")
@@ -77,11 +77,7 @@ def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: 
                 maps.check_model(model, split)
                 if (maps.meta.get("calibration_tokens", 0) >= calib_tokens * (1 - 1 / 8)
                         and maps.meta.get("lambda_spec") == str(lam) and maps.meta.get("chunk") == chunk):
-                    if stats_path(path).exists():  # keep the statistics for re-solving with another λ
-                        maps.stats = load_stats(stats_path(path))[0]
-                        if maps.mean_h is None:  # files from before the means were stored
-                            mean_h, mean_x = maps.stats.means()
-                            maps.mean_h, maps.mean_x = mean_h.float(), mean_x.float()
+                    attach_stats(maps, path)  # the statistics (re-solves with another λ) and the means
                     result[split] = maps
                     continue
             except (MapsFormatError, MapsMismatchError) as e:
