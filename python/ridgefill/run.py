@@ -174,7 +174,7 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     t_start = time.perf_counter()
-    model, tok, name = load_model(cfg.model)
+    model, tok, model_name = load_model(cfg.model)
     L = model.config.num_hidden_layers
     if not 0 <= cfg.split <= L - 2:
         raise InputError(f"--split {cfg.split} is out of range for a {L}-layer model: use 0..{L - 2}")
@@ -187,7 +187,7 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
     docs = evaluation_documents(tok, {k: texts[k] for k in EVALUATION_BOOKS}, cfg.docs, cfg.doc_tokens)
 
     t0 = time.perf_counter()
-    maps, maps_path, fresh = get_maps(model, tok, name, cfg, progress)
+    maps, maps_path, fresh = get_maps(model, tok, model_name, cfg, progress)
     calib_s = time.perf_counter() - t0
     systems = cfg.systems()
     names = [name for name, _, _ in systems]
@@ -240,7 +240,7 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
             "needle_score": needle.get(name),
         }
     report = {
-        "model": name, "model_hash": maps.meta.get("model_hash"), "num_layers": L, "split": cfg.split,
+        "model": model_name, "model_hash": maps.meta.get("model_hash"), "num_layers": L, "split": cfg.split,
         "tail": cfg.tail, "doc_tokens": cfg.doc_tokens, "documents": len(docs),
         "scored_tokens_per_mode": len(docs) * cfg.tail, "gen_tokens": cfg.gen_tokens, "repeats": cfg.repeats,
         "evaluation_books": list(EVALUATION_BOOKS), "maps_path": str(maps_path),
