@@ -18,20 +18,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     folder is created if needed. If ``write`` raises, the temporary file is removed and
     ``path`` is left as it was.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_all([(path, write)])[0]
 
 
 def atomic_write_all(writes: list[tuple[str | os.PathLike, Callable[[str], None]]]) -> list[Path]:
