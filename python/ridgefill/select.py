@@ -212,13 +212,14 @@ class AttentionScores:
 
     def __init__(self, adapter, num_rows: int, select: Select):
         self.adapter, self.select = adapter, select
-        self.scores = torch.zeros(num_rows, dtype=torch.float32)
+        device = next(adapter.model.parameters()).device  # scores live where the model runs (CUDA too)
+        self.scores = torch.zeros(num_rows, dtype=torch.float32, device=device)
         self.heads = None
         if select.heads == "induction":
             ind = induction_scores(adapter)
             keep = torch.zeros(ind.numel(), dtype=torch.bool)
             keep[torch.argsort(ind.flatten(), descending=True)[: select.top_heads]] = True
-            self.heads = keep.view_as(ind)  # [layers, H]
+            self.heads = keep.view_as(ind).to(device)  # [layers, H]
 
     def add(self, layer: int, x: Tensor, rope, positions: Tensor, keys: Tensor, visible: Tensor | None) -> None:
         """``x`` ``[batch, q, d]``: the query rows' input of ``layer`` at ``positions`` ``[q]``; ``keys``
