@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from .adapters import adapter_for
 from .errors import InputError
 from .checkpoint import chunks_digest, load_checkpoint, save_checkpoint
-from .maps import RidgeMaps, model_hash, model_provenance, weight_fingerprint
+from .maps import RidgeMaps, calibration_cov, model_hash, model_provenance, weight_fingerprint
 from .validate import check_int, check_real
 from .ridge import RidgeStats, fit_maps
 
@@ -284,8 +284,10 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
                 "heldout_tokens": held.count, "chunk": chunk, "text_sha256": text_hash(text_list),
                 "lambda_spec": str(lam), "heldout_rel_error": result.heldout_rel_error,
                 "heldout_rel_error_identity": result.heldout_rel_error_identity, "kind": targets}
-        mean_h, mean_x = result.stats.means() if targets == "inputs" else (None, None)
+        inputs = targets == "inputs"
+        mean_h, mean_x = result.stats.means() if inputs else (None, None)
         out[split] = RidgeMaps(split, result.weights.float(), result.biases.float(), result.lambdas, meta,
                                result.stats, mean_h=None if mean_h is None else mean_h.float(),
-                               mean_x=None if mean_x is None else mean_x.float())
+                               mean_x=None if mean_x is None else mean_x.float(),
+                               cov_h=calibration_cov(result.stats).float() if inputs else None)
     return out

@@ -39,8 +39,9 @@ def parse_select(value: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-SELECT_HELP = ("query-aware row selection: 'on' (the default selection), 'off', or key=value pairs such as "
-               "'budget=0.05,before=2,after=16,queries=1,heads=induction,top_heads=8,rounds=1,sink=1' (budget: a share of the "
+SELECT_HELP = ("row selection: 'on' (the default, query-aware: two passes), 'prompt' (query-agnostic: rows "
+               "chosen from the prompt alone by leverage), 'off', or key=value pairs such as "
+               "'budget=0.05,before=2,after=16,queries=1,heads=induction,top_heads=8,rounds=1,sink=1,contrast=128' (budget: a share of the "
                "prompt < 1, or rows)")
 
 
