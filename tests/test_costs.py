@@ -219,6 +219,11 @@ def test_bench_with_row_selection(capsys):
     assert main(["bench", "--model", "tiny-random", "--lengths", "64", "--split", "1", "--tail", "8", "--repeats",
                  "1", "--warmup", "0", "--select", "budget=4"]) == 0
     assert "with row selection" in capsys.readouterr().out
+    # query-agnostic selection: one pass, its bound counts the chosen rows once (rounds=0)
+    cfg = BenchConfig(model="tiny-random", lengths=(96,), split=2, tail=16, repeats=1, warmup=0,
+                      select=Select.parse("prompt,budget=8"))
+    r = bench(cfg, progress=False)["rows"][0]
+    assert r["sel_rows"] == 8 and r["sel_ideal"] < r["ideal"]
 
 
 def test_bench_command_line(capsys):

@@ -140,8 +140,8 @@ def random_model(preset: str | dict, device: str | torch.device = "cpu", dtype: 
 
 
 def timing_maps(model: torch.nn.Module, split: int, *, seed: int = 0, scale: float = 0.02) -> RidgeMaps:
-    """Random maps ``W_l = I + scale·R/√d``, ``b_l = 0`` for every late layer, on the model's device and
-    in its dtype: the shapes and cost of fitted maps, not their quality (for timing only).
+    """Random maps ``W_l = I + scale·R/√d``, ``b_l = 0`` for every late layer (means 0, covariance ``I``),
+    on the model's device: the shapes and cost of fitted maps, not their quality (for timing only).
 
     Raises:
         InputError: ``split`` outside ``0..L-2``.
@@ -156,7 +156,10 @@ def timing_maps(model: torch.nn.Module, split: int, *, seed: int = 0, scale: flo
     w = torch.randn(late, d, d, generator=g, device=p.device, dtype=torch.float32) * (scale / d ** 0.5)
     w += torch.eye(d, device=p.device)
     b = torch.zeros(late, d, device=p.device)
-    return RidgeMaps(split, w.to(p.dtype), b.to(p.dtype), [0.0] * late, {"purpose": "timing only (random)"})
+    # zero means and an identity covariance: the centred fill and query-agnostic selection can be timed
+    return RidgeMaps(split, w.to(p.dtype), b.to(p.dtype), [0.0] * late, {"purpose": "timing only (random)"},
+                     mean_h=torch.zeros(d, device=p.device), mean_x=torch.zeros(late, d, device=p.device),
+                     cov_h=torch.eye(d, device=p.device))
 
 
 # --------------------------------------------------------------------------------------------------

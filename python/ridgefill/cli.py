@@ -176,10 +176,10 @@ def _cmd_generate(a) -> None:
     from .assets import load_model
     from .errors import InputError
     from .fill import generate_after, prefill
-    from .maps import load_maps
+    from .maps import attach_stats, load_maps
 
     prompt = _read_text(a.prompt_file)
-    maps = load_maps(a.maps) if a.maps else None
+    maps = attach_stats(load_maps(a.maps), a.maps) if a.maps else None  # stats: means, covariance of older files
     model, tok, _ = load_model(a.model)
     if not prompt.strip():
         raise InputError(f"the prompt file {a.prompt_file!r} is empty: put the prompt text in it")
