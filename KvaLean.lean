@@ -3,6 +3,8 @@ module
 public import KvaLean.LinAlg
 public import KvaLean.Ridge
 public import KvaLean.Identity
+public import KvaLean.Solve
 public import KvaLean.Causality
+public import KvaLean.Stability
 public import KvaLean.Certificate
 public import KvaLean.CertExamples

@@ -9,9 +9,9 @@ namespace KvaLean
 structure Decoder (Tok State Cache : Type) where
   /-- Input of layer `0` for a row, from its token. -/
   embed : Tok → State
-  /-- The cache entry that layer `l` writes for a row, computed from that row's layer-`l` input
-  alone (norm, K/V projection, RoPE at the row's position). -/
-  cache : Nat → State → Cache
+  /-- The cache entry that layer `l` writes for the row at absolute position `p`, computed from that
+  row's layer-`l` input alone and its position (norm, K/V projection, RoPE at `p`). -/
+  cache : (l : Nat) → (p : Nat) → State → Cache
   /-- Layer `l` at row `t`: the row's output from its own input and the cache entries of rows
   `0, …, t` (causal attention or a recurrence). -/
   layer : (l : Nat) → (t : Nat) → State → (Fin (t + 1) → Cache) → State
@@ -34,24 +34,25 @@ variable {Tok State Cache : Type} (D : Decoder Tok State Cache)
 /-- Exact model: the input of layer `l` at row `t` (`input L t` is the final output). -/
 @[expose] def input (tok : Nat → Tok) : Nat → Nat → State
   | 0, t => D.embed (tok t)
-  | l + 1, t => D.layer l t (input tok l t) (fun j => D.cache l (input tok l j.val))
+  | l + 1, t => D.layer l t (input tok l t) (fun j => D.cache l j.val (input tok l j.val))
 
 /-- Exact model: the cache entry of row `t` at layer `l`. -/
-@[expose] def exactCache (tok : Nat → Tok) (l t : Nat) : Cache := D.cache l (D.input tok l t)
+@[expose] def exactCache (tok : Nat → Tok) (l t : Nat) : Cache := D.cache l t (D.input tok l t)
 
 /-- Filled model: the input of layer `l` at row `t`. Layer `l` attends to the mixed cache: for
-`l > S` a filled row `j` contributes `cache l (map l h_S(j))`, every other row its own entry. -/
+`l > S` a filled row `j` contributes `cache l j (map l h_S(j))` (at its own position `j`), every
+other row its own entry. -/
 @[expose] def fillInput (tok : Nat → Tok) (P : FillPlan State) : Nat → Nat → State
   | 0, t => D.embed (tok t)
   | l + 1, t => D.layer l t (fillInput tok P l t) (fun j =>
       if P.split < l ∧ P.filled j.val = true then
-        D.cache l (P.map l (D.input tok (P.split + 1) j.val))
-      else D.cache l (fillInput tok P l j.val))
+        D.cache l j.val (P.map l (D.input tok (P.split + 1) j.val))
+      else D.cache l j.val (fillInput tok P l j.val))
 
 /-- Filled model: the cache entry of row `t` at layer `l`. -/
 @[expose] def fillCache (tok : Nat → Tok) (P : FillPlan State) (l t : Nat) : Cache :=
-  if P.split < l ∧ P.filled t = true then D.cache l (P.map l (D.input tok (P.split + 1) t))
-  else D.cache l (D.fillInput tok P l t)
+  if P.split < l ∧ P.filled t = true then D.cache l t (P.map l (D.input tok (P.split + 1) t))
+  else D.cache l t (D.fillInput tok P l t)
 
 /-- One step of the filled model: layer `l` at row `t` reads the filled-model cache entries of
 rows `0..t`. Unfolding lemma for `ridgefill.fill.prefill`. -/
@@ -67,11 +68,11 @@ theorem input_causal (tok tok' : Nat → Tok) :
     show D.embed (tok t) = D.embed (tok' t)
     rw [h t (Nat.le_refl t)]
   | l + 1, t, h => by
-    show D.layer l t (D.input tok l t) (fun j => D.cache l (D.input tok l j.val)) =
-      D.layer l t (D.input tok' l t) (fun j => D.cache l (D.input tok' l j.val))
+    show D.layer l t (D.input tok l t) (fun j => D.cache l j.val (D.input tok l j.val)) =
+      D.layer l t (D.input tok' l t) (fun j => D.cache l j.val (D.input tok' l j.val))
     have e1 := input_causal tok tok' l t h
-    have e2 : (fun j : Fin (t + 1) => D.cache l (D.input tok l j.val)) =
-        (fun j : Fin (t + 1) => D.cache l (D.input tok' l j.val)) := by
+    have e2 : (fun j : Fin (t + 1) => D.cache l j.val (D.input tok l j.val)) =
+        (fun j : Fin (t + 1) => D.cache l j.val (D.input tok' l j.val)) := by
       funext j
       have hj := j.isLt
       rw [input_causal tok tok' l j.val (fun i hi => h i (by omega))]
@@ -115,13 +116,13 @@ theorem lower_layers_exact (tok : Nat → Tok) (P : FillPlan State) :
   | 0, _, t => rfl
   | l + 1, hl, t => by
     rw [fillInput_succ]
-    show _ = D.layer l t (D.input tok l t) (fun j => D.cache l (D.input tok l j.val))
+    show _ = D.layer l t (D.input tok l t) (fun j => D.cache l j.val (D.input tok l j.val))
     have e1 := lower_layers_exact tok P l (by omega) t
     have e2 : (fun j : Fin (t + 1) => D.fillCache tok P l j.val) =
-        (fun j : Fin (t + 1) => D.cache l (D.input tok l j.val)) := by
+        (fun j : Fin (t + 1) => D.cache l j.val (D.input tok l j.val)) := by
       funext j
       have hc : ¬ (P.split < l ∧ P.filled j.val = true) := fun hc => absurd hc.1 (by omega)
-      show D.fillCache tok P l j.val = D.cache l (D.input tok l j.val)
+      show D.fillCache tok P l j.val = D.cache l j.val (D.input tok l j.val)
       unfold fillCache
       rw [if_neg hc, lower_layers_exact tok P l (by omega) j.val]
     exact congr (congrArg (D.layer l t) e1) e2
@@ -141,7 +142,7 @@ prompt) produces exactly the exact model's output. Constrains `ridgefill.fill.pr
 only enter through the filled rows' cache entries. -/
 theorem exact_rows_exact (tok : Nat → Tok) (P : FillPlan State)
     (hfill : ∀ l t, P.split < l → P.filled t = true →
-      D.cache l (P.map l (D.input tok (P.split + 1) t)) = D.cache l (D.input tok l t)) :
+      D.cache l t (P.map l (D.input tok (P.split + 1) t)) = D.cache l t (D.input tok l t)) :
     ∀ l t, D.fillInput tok P l t = D.input tok l t ∧ D.fillCache tok P l t = D.exactCache tok l t
   | 0, t => by
     refine ⟨rfl, ?_⟩
@@ -152,10 +153,10 @@ theorem exact_rows_exact (tok : Nat → Tok) (P : FillPlan State)
   | l + 1, t => by
     have hin : D.fillInput tok P (l + 1) t = D.input tok (l + 1) t := by
       rw [fillInput_succ]
-      show _ = D.layer l t (D.input tok l t) (fun j => D.cache l (D.input tok l j.val))
+      show _ = D.layer l t (D.input tok l t) (fun j => D.cache l j.val (D.input tok l j.val))
       have e1 := (exact_rows_exact tok P hfill l t).1
       have e2 : (fun j : Fin (t + 1) => D.fillCache tok P l j.val) =
-          (fun j : Fin (t + 1) => D.cache l (D.input tok l j.val)) :=
+          (fun j : Fin (t + 1) => D.cache l j.val (D.input tok l j.val)) :=
         funext fun j => (exact_rows_exact tok P hfill l j.val).2
       exact congr (congrArg (D.layer l t) e1) e2
     refine ⟨hin, ?_⟩
@@ -170,7 +171,7 @@ kept exact, or a decoding step) equals the exact model's output. Constrains
 `ridgefill.fill.prefill`. -/
 theorem exact_row_output (tok : Nat → Tok) (P : FillPlan State)
     (hfill : ∀ l t, P.split < l → P.filled t = true →
-      D.cache l (P.map l (D.input tok (P.split + 1) t)) = D.cache l (D.input tok l t))
+      D.cache l t (P.map l (D.input tok (P.split + 1) t)) = D.cache l t (D.input tok l t))
     (L t : Nat) : D.fillInput tok P L t = D.input tok L t :=
   (D.exact_rows_exact tok P hfill L t).1
 
@@ -182,15 +183,16 @@ theorem exact_mode (tok : Nat → Tok) (P : FillPlan State) (hnone : ∀ t, P.fi
 
 /-- **`no_token_dropped`**: at every layer `l` and row `t` the filled model keeps the token:
 (1) layer `l` of row `t` reads a cache entry for *every* row `j ≤ t` (none is skipped or evicted);
-(2) the entry of row `t` is the layer's own cache function applied either to the row's exact
+(2) the entry of row `t` is the layer's own cache function at the row's own position `t` (RoPE at
+`t`, also for a filled row) applied either to the row's exact
 layer input, or — only for a filled row above the split — to the prediction `map l h_S`, where
 `h_S` is the filled model's own output of layer `S`. Constrains `ridgefill.fill.prefill`. -/
 theorem no_token_dropped (tok : Nat → Tok) (P : FillPlan State) (l t : Nat) :
     D.fillInput tok P (l + 1) t =
         D.layer l t (D.fillInput tok P l t) (fun j => D.fillCache tok P l j.val) ∧
-      (D.fillCache tok P l t = D.cache l (D.fillInput tok P l t) ∨
+      (D.fillCache tok P l t = D.cache l t (D.fillInput tok P l t) ∨
         (P.split < l ∧ P.filled t = true ∧
-          D.fillCache tok P l t = D.cache l (P.map l (D.fillInput tok P (P.split + 1) t)))) := by
+          D.fillCache tok P l t = D.cache l t (P.map l (D.fillInput tok P (P.split + 1) t)))) := by
   refine ⟨rfl, ?_⟩
   by_cases hc : P.split < l ∧ P.filled t = true
   · refine Or.inr ⟨hc.1, hc.2, ?_⟩
@@ -199,6 +201,136 @@ theorem no_token_dropped (tok : Nat → Tok) (P : FillPlan State) (l t : Nat) :
   · refine Or.inl ?_
     unfold fillCache
     rw [if_neg hc]
+
+/-- The filled model at row `t` reads the plan's `filled` only at rows `0..t`: two plans with the
+same split and maps that agree on which of the rows `0..t` are filled give row `t` the same layer
+inputs and cache entries. Substrate for `selected_causal` (`ridgefill.fill.prefill`). -/
+theorem fillInput_congr_filled (tok : Nat → Tok) (P P' : FillPlan State) (hs : P.split = P'.split)
+    (hm : P.map = P'.map) :
+    ∀ (l t : Nat), (∀ j, j ≤ t → P.filled j = P'.filled j) →
+      D.fillInput tok P l t = D.fillInput tok P' l t ∧ D.fillCache tok P l t = D.fillCache tok P' l t
+  | 0, t, h => by
+    refine ⟨rfl, ?_⟩
+    unfold fillCache
+    have hc : ¬ (P.split < 0 ∧ P.filled t = true) := fun hc => absurd hc.1 (Nat.not_lt_zero _)
+    have hc' : ¬ (P'.split < 0 ∧ P'.filled t = true) := fun hc => absurd hc.1 (Nat.not_lt_zero _)
+    rw [if_neg hc, if_neg hc']
+    try rfl
+  | l + 1, t, h => by
+    have hin : D.fillInput tok P (l + 1) t = D.fillInput tok P' (l + 1) t := by
+      rw [fillInput_succ, fillInput_succ]
+      have e1 := (fillInput_congr_filled tok P P' hs hm l t h).1
+      have e2 : (fun j : Fin (t + 1) => D.fillCache tok P l j.val) =
+          (fun j : Fin (t + 1) => D.fillCache tok P' l j.val) := by
+        funext j
+        have hj := j.isLt
+        exact (fillInput_congr_filled tok P P' hs hm l j.val (fun i hi => h i (by omega))).2
+      exact congr (congrArg (D.layer l t) e1) e2
+    refine ⟨hin, ?_⟩
+    unfold fillCache
+    rw [hs, hm, h t (Nat.le_refl t), hin]
+
+/-- **`selected_causal`** (what stays causal under a prompt-dependent selection). Let the exact rows
+be chosen from the whole prompt, `filled = sel tok` (the two-pass selection of
+`ridgefill.select`, which scores every prompt row before the fill). *Given the selection*, row `t`
+stays causal: if two prompts agree on the tokens `0..t` and the selection agrees on the rows `0..t`,
+row `t` has the same layer inputs and cache entries in both. The selection itself may depend on
+later tokens (`selection_not_causal`). Constrains `ridgefill.fill.prefill` with a selection. -/
+theorem selected_causal (sel : (Nat → Tok) → Nat → Bool) (split : Nat) (map : Nat → State → State)
+    (tok tok' : Nat → Tok) (l t : Nat) (htok : ∀ j, j ≤ t → tok j = tok' j)
+    (hsel : ∀ j, j ≤ t → sel tok j = sel tok' j) :
+    D.fillInput tok ⟨split, sel tok, map⟩ l t = D.fillInput tok' ⟨split, sel tok', map⟩ l t ∧
+      D.fillCache tok ⟨split, sel tok, map⟩ l t = D.fillCache tok' ⟨split, sel tok', map⟩ l t := by
+  have h1 := fillInput_congr_filled D tok ⟨split, sel tok, map⟩ ⟨split, sel tok', map⟩ rfl rfl l t hsel
+  have h2 := D.filled_causal tok tok' ⟨split, sel tok', map⟩ l t htok
+  exact ⟨h1.1.trans h2.1, h1.2.trans h2.2⟩
+
+/-- A toy decoder on numbers for `selection_not_causal`: the state is a number, a row caches its
+state, and each layer returns the row's own cache entry. -/
+@[expose] def toy : Decoder Nat Nat Nat where
+  embed := fun x => x
+  cache := fun _ _ x => x
+  layer := fun _ t _ c => c ⟨t, Nat.lt_succ_self t⟩
+
+/-- The selection of `selection_not_causal`: every row is filled iff token `1` is `1`. -/
+@[expose] def toySel (tok : Nat → Nat) : Nat → Bool := fun _ => decide (tok 1 = 1)
+
+/-- **`selection_not_causal`** (what does not stay causal): when the exact set is chosen from the
+whole prompt, a row's output can depend on a later token, through the choice of whether the row is
+filled. In `toy`, with split `0`, a fill map predicting `0` and the selection `toySel` (fill every
+row iff token `1` is `1`), two prompts that agree on token `0` give row `0` different outputs of
+layer `1`. Constrains `ridgefill.fill.prefill` with a selection: `selected_causal` holds (causal
+given the selection), `filled_causal` does not extend to the prompt-dependent plan. -/
+theorem selection_not_causal :
+    ∃ tok tok' : Nat → Nat, tok 0 = tok' 0 ∧
+      toy.fillInput tok ⟨0, toySel tok, fun _ _ => 0⟩ 2 0 ≠
+        toy.fillInput tok' ⟨0, toySel tok', fun _ _ => 0⟩ 2 0 :=
+  ⟨fun j => if j = 1 then 1 else 5, fun _ => 5, rfl, by decide⟩
+
+/-- Decoding a row `t` over a given cache `C` (`C l j`: the entry of row `j < t` at layer `l`, as
+left by the prefill): layer `l` of row `t` reads `C l j` for the earlier rows and its own entry
+`cache l t x` (at its position `t`) for itself. -/
+@[expose] def decodeInput (tok : Nat → Tok) (C : Nat → Nat → Cache) (t : Nat) : Nat → State
+  | 0 => D.embed (tok t)
+  | l + 1 => D.layer l t (decodeInput tok C t l) (fun j =>
+      if j.val < t then C l j.val else D.cache l t (decodeInput tok C t l))
+
+/-- **`decode_eq_fill`** (decode semantics): an exact row `t` of the filled model (a prompt row kept
+exact, the last prompt row, or a decoding step) is decoding over the cache the fill left for rows
+`0..t−1`: `fillInput l t = decodeInput (fillCache) t l`. Together with `filled_causal`, the next
+token after the prefill is what the model computes from that cache, however the rows before it were
+filled. Constrains `ridgefill.fill.prefill` (the last prompt row is recomputed exactly, and decoding
+continues from the returned cache). -/
+theorem decode_eq_fill (tok : Nat → Tok) (P : FillPlan State) (t : Nat) (ht : P.filled t = false) :
+    ∀ l, D.fillInput tok P l t = D.decodeInput tok (D.fillCache tok P) t l
+  | 0 => rfl
+  | l + 1 => by
+    rw [fillInput_succ]
+    have ih := decode_eq_fill tok P t ht l
+    show _ = D.layer l t (D.decodeInput tok (D.fillCache tok P) t l) (fun j =>
+      if j.val < t then D.fillCache tok P l j.val else D.cache l t (D.decodeInput tok (D.fillCache tok P) t l))
+    rw [← ih]
+    have e2 : (fun j : Fin (t + 1) => D.fillCache tok P l j.val) = (fun j : Fin (t + 1) =>
+        if j.val < t then D.fillCache tok P l j.val else D.cache l t (D.fillInput tok P l t)) := by
+      funext j
+      by_cases hj : j.val < t
+      · rw [if_pos hj]
+      · rw [if_neg hj]
+        have hjt : j.val = t := by
+          have := j.isLt
+          omega
+        have hc : ¬ (P.split < l ∧ P.filled t = true) := fun hc => by
+          rw [ht] at hc
+          exact absurd hc.2 (by decide)
+        rw [hjt]
+        unfold fillCache
+        rw [if_neg hc]
+    rw [e2]
+
+/-- Decoding over the exact cache is the exact model: `decodeInput (exactCache) t l = input l t`.
+With `decode_eq_fill`, a decoding step after the fill equals the exact model's step whenever the
+fill left the exact cache (`exact_rows_exact`). Constrains `ridgefill.fill.prefill`. -/
+theorem decode_exact (tok : Nat → Tok) (t : Nat) :
+    ∀ l, D.decodeInput tok (D.exactCache tok) t l = D.input tok l t
+  | 0 => rfl
+  | l + 1 => by
+    have ih := decode_exact tok t l
+    show D.layer l t (D.decodeInput tok (D.exactCache tok) t l) (fun j =>
+        if j.val < t then D.exactCache tok l j.val else D.cache l t (D.decodeInput tok (D.exactCache tok) t l)) =
+      D.layer l t (D.input tok l t) (fun j => D.cache l j.val (D.input tok l j.val))
+    rw [ih]
+    have e2 : (fun j : Fin (t + 1) =>
+        if j.val < t then D.exactCache tok l j.val else D.cache l t (D.input tok l t)) =
+        (fun j : Fin (t + 1) => D.cache l j.val (D.input tok l j.val)) := by
+      funext j
+      by_cases hj : j.val < t
+      · exact (if_pos hj).trans rfl
+      · rw [if_neg hj]
+        have hjt : j.val = t := by
+          have := j.isLt
+          omega
+        rw [hjt]
+    rw [e2]
 
 end Decoder
 

@@ -57,6 +57,7 @@ GAP = (_R + "test_gap_identity",)
 OPTIMAL = (_R + "test_no_perturbation_lowers_objective", _R + "test_gap_identity")
 UNIQUE = (_R + "test_minimiser_unique",)
 NORMAL_EQ = (_R + "test_solve_matches_exact_minimiser",)
+EXISTS = (_R + "test_positive_lambda_solves_singular_gram",)
 RATE = (_R + "test_identity_rate",)
 EXACT_TARGETS = (_R + "test_exact_targets_give_identity",)
 LIMIT = (_L + "test_huge_lambda_gives_centred_identity",)
@@ -68,6 +69,8 @@ LOWER = (_F + "test_lower_layers_exact",)
 EXACT_ROWS = (_F + "test_exact_rows_exact_when_filled_cache_exact",)
 EXACT_MODE = (_F + "test_no_filled_rows_is_exact_mode",)
 NO_DROP = (_F + "test_every_row_has_a_cache_entry_at_every_layer",)
+DECODE = (_F + "test_decoding_after_fill_is_an_exact_row_of_the_fill",)
+SELECT = ("test_select_props.py::test_selection_keeps_every_row_and_equals_the_one_pass_prefill",)
 NUMERIC_CERTS = (_C + "test_certify_cli_on_tiny_calibrations", _C + "test_real_model_certificates",
                  _C + "test_certificates_reject_wrong_maps_and_tampering")
 EXACT_CERTS = (_C + "test_exact_certificates_from_rational_data", _C + "test_committed_lean_certificates",
@@ -108,6 +111,39 @@ REGISTRY: tuple[Entry, ...] = (
               "supporting lemma (intercept)"),
     *_entries("Ridge", "sum_sub_mul_sub sum_append", ("ridgefill.ridge.fit_maps",), STREAM,
               "streaming statistics: RidgeStats.moments and RidgeStats.merged (methods the registry cannot name)"),
+    # ---- KvaLean/Solve.lean: the solution exists (λ > 0), and (W, b) is unique ---------------------
+    Entry("KvaLean.exists_solve_of_coercive", "KvaLean/Solve.lean", _SOLVE, EXISTS + NORMAL_EQ,
+          "⟨u, A u⟩ ≥ μ‖u‖², μ > 0 ⇒ A w = c has a solution (Gaussian elimination, Schur complements)"),
+    Entry("KvaLean.solve_unique_of_coercive", "KvaLean/Solve.lean", _SOLVE, EXISTS + UNIQUE,
+          "… and only one"),
+    Entry("KvaLean.exists_inverse_of_coercive", "KvaLean/Solve.lean", _SOLVE, EXISTS,
+          "… so A has a two-sided inverse"),
+    Entry("KvaLean.schur_coercive", "KvaLean/Solve.lean", _SOLVE, EXISTS,
+          "the Schur complement of the last pivot is again μ-coercive (no zero pivot)"),
+    Entry("KvaLean.exists_solve_addDiag", "KvaLean/Solve.lean", _SOLVE, EXISTS + NORMAL_EQ,
+          "G ⪰ 0, λ > 0 ⇒ (G + λI) w = c has exactly one solution"),
+    Entry("KvaLean.exists_normalEq", "KvaLean/Solve.lean", _SOLVE, EXISTS + NORMAL_EQ,
+          "λ > 0 ⇒ (XᵀX + λI) w = Xᵀy + λw₀ has a solution"),
+    Entry("KvaLean.existsUnique_normalEq", "KvaLean/Solve.lean", _SOLVE, EXISTS + UNIQUE,
+          "λ > 0 ⇒ exactly one solution"),
+    Entry("KvaLean.exists_normalEqMulti", "KvaLean/Solve.lean", _SOLVE, EXISTS + NORMAL_EQ,
+          "λ > 0 ⇒ the multi-output normal equations have a solution W"),
+    Entry("KvaLean.fit_maps_unique", "KvaLean/Solve.lean", ("ridgefill.ridge.fit_maps",), UNIQUE + GAP,
+          "λ > 0, m > 0: every minimiser (w, b) is (w★, ȳ − x̄·w★)"),
+    Entry("KvaLean.fit_maps_existsUnique", "KvaLean/Solve.lean", ("ridgefill.ridge.fit_maps",), EXISTS + UNIQUE + GAP,
+          "λ > 0, m > 0: the intercept ridge problem has exactly one minimiser"),
+    Entry("KvaLean.fit_maps_multi_optimal", "KvaLean/Solve.lean", _FIT, OPTIMAL + GAP,
+          "multi-output: (W★, ȳ − x̄W★) minimises ‖XW + 1b − Y‖²_F + λ‖W − W₀‖²_F"),
+    Entry("KvaLean.fit_maps_multi_unique", "KvaLean/Solve.lean", _FIT, UNIQUE + GAP,
+          "multi-output, λ > 0: (W★, ȳ − x̄W★) is the only minimiser over (W, b)"),
+    *_entries("Solve", "extendLast_castSucc extendLast_last normSq_extendLast matVec_extendLast quad_extendLast "
+              "matVec_schur quad_schur dot_zero_vec_left coercive_last_pos nonneg_of_mul_pos_right "
+              "normSq_zero_of_coercive matVec_idMat matVec_addDiag matVec_gram quad_gram addDiag_coercive",
+              _SOLVE, EXISTS + NORMAL_EQ, "supporting lemma (elimination)"),
+    Entry("KvaLean.sum_centred_mul_eq_shifted", "KvaLean/Solve.lean", ("ridgefill.ridge.fit_maps",), STREAM,
+          "centred moments = shifted sums − s sᵀ/n (RidgeStats.centred, a method the registry cannot name)"),
+    *_entries("Solve", "ridgeObjB_eq_add ridgeObjBMulti_eq_sum", ("ridgefill.ridge.fit_maps",), GAP + UNIQUE,
+              "supporting lemma (intercept)"),
     # ---- KvaLean/Identity.lean: large λ gives the identity fill -------------------------------------
     Entry("KvaLean.identity_fill_eq", "KvaLean/Identity.lean", _PREDICT + _FILL, IDENTITY_FILL,
           "W = I, b = 0 is the identity fill"),
@@ -149,6 +185,21 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("KvaLean.Decoder.no_token_dropped", "KvaLean/Causality.lean", _FILL, NO_DROP,
           "a cache entry for every row at every layer, from the row's input or its prediction"),
     *_entries("Causality", "Decoder.fillInput_succ Decoder.fillInput_causal", _FILL, CAUSAL, "supporting lemma"),
+    Entry("KvaLean.Decoder.selected_causal", "KvaLean/Causality.lean", _FILL, CAUSAL + SELECT,
+          "exact set chosen from the whole prompt: row t is causal given the selection on rows ≤ t"),
+    Entry("KvaLean.Decoder.selection_not_causal", "KvaLean/Causality.lean", _FILL, SELECT,
+          "the selection itself can carry a later token into an earlier row (a counterexample)"),
+    Entry("KvaLean.Decoder.decode_eq_fill", "KvaLean/Causality.lean", _FILL, DECODE + EXACT_ROWS,
+          "an exact row is decoding over the cache the fill left for the earlier rows"),
+    Entry("KvaLean.Decoder.decode_exact", "KvaLean/Causality.lean", _FILL, EXACT_ROWS + DECODE,
+          "decoding over the exact cache is the exact model"),
+    *_entries("Causality", "Decoder.fillInput_congr_filled", _FILL, CAUSAL + SELECT, "supporting lemma"),
+    # ---- KvaLean/Stability.lean: fill errors propagate with Lipschitz layers -------------------------
+    Entry("KvaLean.Decoder.fill_err_le", "KvaLean/Stability.lean", _FILL, EXACT_ROWS + DECODE,
+          "Lipschitz layers and caches: every input within B_l, every cache entry within K_c(B_l + δ) "
+          "(the tests check the δ = 0 case only: exact fills give exact rows)"),
+    *_entries("Stability", "Decoder.errBound_nonneg Decoder.fillCache_err_le_of Decoder.errBound_zero", _FILL,
+              EXACT_ROWS, "supporting lemma"),
     # ---- KvaLean/Certificate.lean: the exact checker ------------------------------------------------
     Entry("KvaLean.RidgeInstance.check_sound", "KvaLean/Certificate.lean", _CHECK, EXACT_CERTS,
           "an accepted certificate solves the normal equations exactly"),

@@ -194,3 +194,23 @@ def test_identity_fill_is_ridge_fill_with_identity_maps(prompt, batch, rows):
         for x, y in zip(kv(a.cache, layer), kv(b.cache, layer)):
             assert torch.equal(x, y)
     tally.example()
+
+
+@given(prompts(), st.sampled_from(["ridge", "identity"]), st.integers(0, VOCAB - 1))
+def test_decoding_after_fill_is_an_exact_row_of_the_fill(prompt, mode, token):
+    """Decode semantics: one decoding step on the cache the fill returned (filled rows' entries as the
+    fill left them, not exact) equals the fill of the prompt extended by that token with the new row
+    exact and the same rows filled (``tail + 1``): the step is one more exact row of the filled model,
+    whatever the filled rows' errors (Lean ``decode_eq_fill``)."""
+    index, ids, split, tail, exact_rows = prompt
+    model = tiny_llama(index)
+    maps = fitted_maps(index, split) if mode == "ridge" else None
+    res = prefill(model, ids, maps, tail=tail, exact_rows=exact_rows, mode=mode, split=split)
+    nxt = torch.full((ids.shape[0], 1), token, dtype=torch.long)
+    with torch.no_grad():
+        step = model(nxt, cache=res.cache, use_cache=True).logits
+    longer = prefill(model, torch.cat([ids, nxt], 1), maps, tail=tail + 1, exact_rows=exact_rows, mode=mode,
+                     split=split)
+    assert torch.equal(longer.exact_positions[:-1], res.exact_positions)  # the same rows are filled
+    torch.testing.assert_close(step[:, -1], longer.logits[:, -1], rtol=0, atol=ATOL)
+    tally.example()

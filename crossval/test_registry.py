@@ -90,3 +90,27 @@ def test_main_theorems_name_the_python_they_constrain():
         named = {n for n in re.findall(r"ridgefill\.[\w.]+\w", m.group(1)) if is_function(n)} if m else set()
         missing = {n for n in named if n not in e.python}
         assert not missing, f"{e.theorem}: its docstring names {sorted(missing)}, the registry does not"
+
+
+def test_docs_table_lists_each_theorems_crossval_tests():
+    """docs/kvalean.md's theorem table: every named theorem is registered, and its row's crossval column
+    lists exactly the tests registered for the theorems of that row."""
+    registry = {e.theorem: e for e in REGISTRY}
+    text = (ROOT / "docs" / "kvalean.md").read_text(encoding="utf-8")
+    head = "| theorem | meaning for RidgeFill | Python | file | crossval test |"
+    assert head in text, "the theorem table has no crossval test column"
+    rows = [line for line in text.split(head, 1)[1].split("\n\n", 1)[0].splitlines() if line.startswith("| `")]
+    assert len(rows) >= 40, len(rows)
+    for row in rows:
+        cells = row.split(" | ")
+        assert len(cells) == 5, row
+        prefix, expected = "", []
+        for name in re.findall(r"`([^`]+)`", cells[0]):
+            if "." in name:
+                prefix = name.rsplit(".", 1)[0] + "."
+            elif f"KvaLean.{name}" not in registry:
+                name = prefix + name
+            assert f"KvaLean.{name}" in registry, f"docs table names {name}, not a registered theorem"
+            expected += [t for t in registry[f"KvaLean.{name}"].tests if t not in expected]
+        listed = re.findall(r"`([^`]+)`", cells[4])
+        assert listed == [t.replace(".py::", "::") for t in expected], row[:60]

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import pytest
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from ridgefill import solve_ridge
 from ridgefill.certify import exact_solve
+from ridgefill.errors import InputError
 
 from crossval import tally
 from crossval.problems import (
@@ -153,3 +156,38 @@ def test_exact_targets_give_identity(p):
         err_b = float(fitted.biases[layer].norm())
         assert err_b <= mean * (err_w + FORWARD_C * p.d * EPS) + 1e-300, (err_b, mean, err_w)
         tally.example()
+
+
+_RAT = st.fractions(min_value=-9, max_value=9, max_denominator=8)
+_POS_LAM = st.fractions(min_value=Fraction(1, 1000), max_value=1000, max_denominator=1000)
+
+
+@given(st.integers(2, 5), st.data())
+def test_positive_lambda_solves_singular_gram(d, data):
+    """Existence (Lean ``exists_solve_addDiag``, ``exists_normalEq``): for ``λ > 0`` the normal equations
+    ``(G + λI) W = B + λI`` have a solution even when the Gram matrix ``G = XᵀX`` is singular (here
+    ``X`` has fewer rows than columns, so ``rank G < d``). Exact: Gauss–Jordan on fractions
+    (:func:`ridgefill.certify.exact_solve`, the elimination the Lean proof performs) refuses ``λ = 0``
+    but never meets a zero pivot for ``λ > 0``, and its ``W`` solves the equations exactly. Float:
+    :func:`ridgefill.solve_ridge` factorises ``G + λI`` and lands on that ``W`` to ``d · eps · κ``."""
+    m = data.draw(st.integers(1, d - 1), label="rows")
+    x = data.draw(st.lists(st.lists(_RAT, min_size=d, max_size=d), min_size=m, max_size=m), label="X")
+    y = data.draw(st.lists(st.lists(_RAT, min_size=d, max_size=d), min_size=m, max_size=m), label="Y")
+    lam = data.draw(_POS_LAM, label="λ")
+    gram = [[sum((x[k][i] * x[k][j] for k in range(m)), Fraction(0)) for j in range(d)] for i in range(d)]
+    cross = [[sum((x[k][i] * y[k][j] for k in range(m)), Fraction(0)) for j in range(d)] for i in range(d)]
+    with pytest.raises(InputError, match="singular"):
+        exact_solve(gram, cross, Fraction(0))  # G itself is singular: λ = 0 has no unique solution
+    w = exact_solve(gram, cross, lam)
+    for i in range(d):
+        for c in range(d):
+            lhs = sum((gram[i][j] * w[j][c] for j in range(d)), Fraction(0)) + lam * w[i][c]
+            assert lhs == cross[i][c] + lam * (1 if i == c else 0)
+    g64 = torch.tensor([[float(v) for v in r] for r in gram], dtype=F64)
+    b64 = torch.tensor([[float(v) for v in r] for r in cross], dtype=F64)
+    exact = torch.tensor([[float(v) for v in r] for r in w], dtype=F64)
+    got = solve_ridge(g64, b64, float(lam))
+    kappa = condition(g64, float(lam))
+    err = float((got - exact).norm())
+    assert err <= FORWARD_C * d * EPS * kappa * (float(exact.norm()) + 1), (err, kappa)
+    tally.example()

@@ -22,7 +22,8 @@ ROUND_C = 64.0
 @given(ridge_problems(), st.data())
 def test_merged_moments_equal_direct_moments(p, data):
     """Two chunks (each with its own shift) merged, then moments about a drawn point ``(m_h, m_x)``:
-    equal to ``Σ (h − m_h)(h − m_h)ᵀ``, ``Σ (h − m_h)(x_l − m_x)ᵀ``, ``Σ ‖x_l − m_x‖²`` on the rows."""
+    equal to ``Σ (h − m_h)(h − m_h)ᵀ``, ``Σ (h − m_h)(x_l − m_x)ᵀ``, ``Σ ‖x_l − m_x‖²`` on the rows; and
+    about the means (``centred``), equal to the centred Gram and cross terms of the rows."""
     cut = data.draw(st.integers(0, p.n), label="rows in the first chunk")
     offset = data.draw(st.floats(-100, 100), label="offset of the second chunk")
     h, xs = p.h.clone(), p.xs.clone()
@@ -47,4 +48,9 @@ def test_merged_moments_equal_direct_moments(p, data):
         assert float((shh - dh.T @ dh).abs().max()) <= tol
         assert float((shx - dh.T @ dx).abs().max()) <= tol
         assert abs(float(sxx) - float(dx.square().sum())) <= tol * p.d
+        # about the means: the centred Gram and cross terms (Lean sum_centred_mul_eq_shifted)
+        cg, cc, _ = merged.centred(layer)
+        hc, xc = h - h.mean(0), xs[layer] - xs[layer].mean(0)
+        assert float((cg - hc.T @ hc).abs().max()) <= tol
+        assert float((cc - hc.T @ xc).abs().max()) <= tol
         tally.example()
