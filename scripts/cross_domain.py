@@ -70,8 +70,23 @@ def main(argv: list[str] | None = None) -> int:
     split = a.split
     if any(m.split != split for m in maps.values()):
         sys.exit(f"error: every maps file must be fitted at --split {split}")
-    calib = {p.name: p.read_text(encoding="utf-8") for p in sorted(a.corpora.glob("*-calib.txt"))}
-    fingerprints = {k: text_fingerprint(tok, t, sample=1) for k, t in calib.items()}
+    # every window of every calibration file (cached beside --out, keyed by the files' SHA-256)
+    import hashlib
+
+    import numpy as np
+
+    from ridgefill.overlap import Fingerprint
+
+    fingerprints = {}
+    for p in sorted(a.corpora.glob("*-calib.txt")):
+        text = p.read_text(encoding="utf-8")
+        cache = a.out.with_name(f"{a.out.stem}.{hashlib.sha256(text.encode()).hexdigest()[:16]}.windows.npy")
+        if cache.exists():
+            fingerprints[p.name] = Fingerprint(32, 1, np.load(cache))
+        else:
+            fingerprints[p.name] = text_fingerprint(tok, text, sample=1)
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            np.save(cache, fingerprints[p.name].hashes)
     report = {"model": name, "split": split, "docs": a.docs, "doc_tokens": a.doc_tokens, "tail": a.tail,
               "window": a.window, "tau": a.tau, "resamples": a.resamples, "maps": a.maps,
               "maps_meta": {k: {"calibration_tokens": m.meta.get("calibration_tokens"), "lambdas": m.lambdas,
@@ -118,14 +133,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(report: dict) -> str:
-    """The matrix as markdown: one row per (evaluation domain, token class, fill), ΔNLL [95 % CI]."""
-    lines = ["| evaluated on | tokens | exact NLL | fill | ΔNLL [95 % CI] |", "| --- | --- | ---: | --- | ---: |"]
-    for dom, d in report["domains"].items():
-        for row in d["summary"]:
-            e = row["delta_nll"]
-            lines.append(f"| {dom} | {row['tokens']} ({e['tokens']}) | {row['exact_nll']:.3f} | {row['variant']} | "
-                         f"{e['mean']:+.3f} [{e['ci'][0]:+.3f}, {e['ci'][1]:+.3f}] |")
-    return "\n".join(lines)
+    """The matrix as markdown: for each token class, one row per evaluation domain with ΔNLL [95 % CI]
+    of the ridge fill with every maps file, then identity and none; and the exact NLL."""
+    out = []
+    for cls in ("all", "key"):
+        cols = None
+        for dom, d in report["domains"].items():
+            rows = {r["variant"]: r for r in d["summary"] if r["set"] == dom and r["tokens"] == cls}
+            if cols is None:
+                cols = [v for v in rows if v.startswith("ridge@")] + ["identity", "none"]
+                out += [f"**{'All exact-row tokens' if cls == 'all' else 'Key tokens'}** (ΔNLL vs exact, nats/token, "
+                        "[95 % CI over documents])", "",
+                        "| evaluated on | tokens | exact NLL | " + " | ".join(c.replace("ridge@", "ridge, maps: ")
+                                                                          for c in cols) + " |",
+                        "| --- | ---: | ---: | " + " | ".join("---:" for _ in cols) + " |"]
+            if not rows:
+                continue
+            first = rows[cols[0]]
+            cells = []
+            for c in cols:
+                e = rows[c]["delta_nll"]
+                cells.append(f"{e['mean']:+.3f} [{e['ci'][0]:+.3f}, {e['ci'][1]:+.3f}]")
+            out.append(f"| {dom} | {first['delta_nll']['tokens']} | {first['exact_nll']:.3f} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -213,3 +213,21 @@ def test_run_on_user_text_prints_the_calibration_text_and_refuses_overlap(work, 
     err = capsys.readouterr().err
     # the second document, the file's last 201 tokens, holds calibration text (the first does not)
     assert "evaluation document 2 (" in err and "overlaps the calibration text (calib.txt" in err
+
+
+def test_eval_loss_with_a_maps_file(work, capsys):
+    root, model, tok = work
+    path = root / "own" / "maps-other.safetensors"
+    calibrate(model, tok, {"other.txt": (root / "other.txt").read_text()}, split=2, tokens=512, chunk=128,
+              lam="auto", progress=False).save(path)
+    args = ["--model", str(root / "model"), "--out", str(root / "own"), "--quiet", "--maps", str(path), *LOSS]
+    assert main(["eval", "loss", "--splits", "2", "--text", str(root / "calib.txt"), *args]) == 0
+    rep = json.loads((root / "own" / "loss.json").read_text())
+    assert rep["maps"]["2"]["calibration_tokens"] == 512
+    assert rep["maps"]["2"]["calibrated_on"].startswith("other.txt (512 of ")
+    assert not (root / "own" / "maps-S2.safetensors").exists()  # the given file, nothing fitted
+    capsys.readouterr()
+    assert main(["eval", "loss", "--splits", "2", "--text", str(root / "other.txt"), *args]) == 2
+    assert "overlaps the calibration text (other.txt (512 of" in capsys.readouterr().err
+    assert main(["eval", "loss", "--splits", "3", "--text", str(root / "calib.txt"), *args]) == 2
+    assert "is fitted at split S=2, but the splits asked are [3]; pass --splits 2" in capsys.readouterr().err

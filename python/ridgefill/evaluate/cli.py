@@ -72,6 +72,8 @@ def _common(p: argparse.ArgumentParser, json_default: str) -> None:
     p.add_argument("--chunk", type=int, default=1024, help="calibration chunk length (default 1024)")
     p.add_argument("--lam", type=parse_lam, default="auto", help="ridge λ for maps fitted here: a number or 'auto' (default)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--maps", default=None, metavar="FILE", help="a maps file to evaluate (its split must be the "
+                   "one asked); default: fit or reuse <out>/maps-S<S>.safetensors on the bundled calibration novels")
     p.add_argument("--text", nargs="+", action="extend", default=None, metavar="FILE",
                    help="UTF-8 text files to evaluate on (documents, needle haystack) instead of the bundled "
                         "evaluation novels; documents overlapping the maps' calibration text are refused")
@@ -187,6 +189,16 @@ def _maps(a, model, tok, name, splits, needed: bool):
 
     if not needed:
         return {s: None for s in splits}
+    if a.maps:  # the user's maps file, at its own split
+        from ..maps import attach_stats, load_maps
+
+        maps = attach_stats(load_maps(a.maps), a.maps)
+        if list(splits) != [maps.split]:
+            raise InputError(f"--maps {a.maps!r} is fitted at split S={maps.split}, but the splits asked are "
+                             f"{list(splits)}; pass --splits {maps.split} (eval depth: a matching --depths), or "
+                             "leave --maps out to fit maps in --out")
+        maps.check_model(model, maps.split)
+        return {maps.split: maps}
     return maps_for_splits(model, tok, name, splits, out=a.out, calib_tokens=a.calib_tokens, chunk=a.chunk,
                            lam=a.lam, progress=not a.quiet)
 
@@ -202,10 +214,13 @@ def _header(a, name, model, kind: str) -> dict:
 
 
 def _maps_meta(maps_by_split) -> dict:
+    from ..overlap import calibration_label
+
     return {str(s): None if m is None else {"calibration_tokens": m.meta.get("calibration_tokens"),
                                             "lambda_spec": m.meta.get("lambda_spec"), "lambdas": m.lambdas,
                                             "heldout_rel_error": m.meta.get("heldout_rel_error"),
-                                            "heldout_rel_error_identity": m.meta.get("heldout_rel_error_identity")}
+                                            "heldout_rel_error_identity": m.meta.get("heldout_rel_error_identity"),
+                                            "calibrated_on": calibration_label(m.meta)}
             for s, m in maps_by_split.items()}
 
 
