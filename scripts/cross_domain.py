@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tau", type=float, default=1.0)
     ap.add_argument("--resamples", type=int, default=10000)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--reference", default="ridge@novels", help="fill the paired differences are taken against "
+                    "(all exact-row tokens; default ridge@novels, the bundled calibration's domain)")
     ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ridgefill.assets import load_model
     from ridgefill.calibrate import special_prefix
-    from ridgefill.evaluate.loss import DocScores, key_token_stats, score_documents, summarise, tail_nll
+    from ridgefill.evaluate.loss import DocScores, bootstrap_ci, key_token_stats, score_documents, summarise, tail_nll
     from ridgefill.fileio import write_json
     from ridgefill.maps import load_maps, maps_digest
     from ridgefill.overlap import check_disjoint, text_fingerprint
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             np.save(cache, fingerprints[p.name].hashes)
     report = {"model": name, "split": split, "docs": a.docs, "doc_tokens": a.doc_tokens, "tail": a.tail,
               "window": a.window, "tau": a.tau, "resamples": a.resamples, "maps": a.maps,
+              "reference": a.reference,
               "maps_meta": {k: {"calibration_tokens": m.meta.get("calibration_tokens"), "lambdas": m.lambdas,
                                 "text_sha256": m.meta.get("text_sha256"),
                                 "calibration_texts": m.meta.get("calibration_texts")} for k, m in maps.items()},
@@ -124,7 +127,13 @@ def main(argv: list[str] | None = None) -> int:
                 write_json(cache, saved)
             for r, v in zip(recs, saved["nll"]):
                 r.fill[f"ridge@{k}"] = v
-        report["domains"][dom] = {"file": path.name, "documents": labels,
+        paired = {}
+        if a.reference in {f"ridge@{k}" for k in maps} and len(maps) > 1:  # each fill minus the reference fill
+            for v in recs[0].fill:
+                if v != a.reference:
+                    diff = [sum(x - y for x, y in zip(r.fill[v], r.fill[a.reference])) for r in recs]
+                    paired[v] = bootstrap_ci(diff, [len(r.exact) for r in recs], resamples=a.resamples).as_dict()
+        report["domains"][dom] = {"file": path.name, "documents": labels, "paired_vs_reference": paired,
                                   "summary": summarise(recs, tau=a.tau, resamples=a.resamples),
                                   "key_tokens": key_token_stats(recs, a.tau)}
     write_json(a.out, report)
@@ -156,6 +165,14 @@ def markdown(report: dict) -> str:
                 cells.append(f"{e['mean']:+.3f} [{e['ci'][0]:+.3f}, {e['ci'][1]:+.3f}]")
             out.append(f"| {dom} | {first['delta_nll']['tokens']} | {first['exact_nll']:.3f} | " + " | ".join(cells) + " |")
         out.append("")
+    paired = {dom: d.get("paired_vs_reference") for dom, d in report["domains"].items()}
+    if any(paired.values()):
+        cols = list(next(p for p in paired.values() if p))
+        out += [f"**Paired difference vs {report.get('reference')}** (all exact-row tokens, nats/token, [95 % CI])", "",
+                "| evaluated on | " + " | ".join(cols) + " |", "| --- | " + " | ".join("---:" for _ in cols) + " |"]
+        for dom, p in paired.items():
+            out.append(f"| {dom} | " + " | ".join(f"{p[c]['mean']:+.3f} [{p[c]['ci'][0]:+.3f}, {p[c]['ci'][1]:+.3f}]"
+                                                  for c in cols) + " |")
     return "\n".join(out)
 
 
