@@ -231,3 +231,22 @@ def test_eval_loss_with_a_maps_file(work, capsys):
     assert "overlaps the calibration text (other.txt (512 of" in capsys.readouterr().err
     assert main(["eval", "loss", "--splits", "3", "--text", str(root / "calib.txt"), *args]) == 2
     assert "is fitted at split S=2, but the splits asked are [3]; pass --splits 2" in capsys.readouterr().err
+
+
+def test_old_maps_fitted_on_the_bundled_novels_are_checked_by_rebuilding_their_chunks():
+    from ridgefill.assets import CALIBRATION_BOOKS, EVALUATION_BOOKS, load_texts
+    from ridgefill.calibrate import text_hash
+    from ridgefill.maps import RidgeMaps
+
+    books = load_texts()
+    tok = ByteTokenizer()
+    meta = {"text_sha256": text_hash([books[k] for k in CALIBRATION_BOOKS]), "calibration_tokens": 512, "chunk": 128}
+    old = RidgeMaps(2, torch.zeros(3, 4, 4), torch.zeros(3, 4), [1.0] * 3, meta)  # no recorded fingerprint
+    assert maps_fingerprint(old, tok, required=False) is None  # bundled evaluation novels: nothing to check
+    fp = maps_fingerprint(old, tok, required=True)
+    assert fp.sample == 1 and fp.hashes.size == 4 * (128 - 32 + 1)  # one chunk per book, every window
+    first = torch.tensor(list(books[CALIBRATION_BOOKS[0]].encode()[:200]))  # the first book's first chunk
+    with pytest.raises(OverlapError, match="first at token 0"):
+        check_disjoint([first], fp, names=["document 1"], calibration="the novels")
+    check_disjoint([torch.tensor(list(books[EVALUATION_BOOKS[0]].encode()[:2000]))], fp, names=["d"],
+                   calibration="the novels")

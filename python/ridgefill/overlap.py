@@ -155,12 +155,12 @@ def calibration_label(meta: dict) -> str:
 
 def maps_fingerprint(maps, tokenizer, *, required: bool) -> Fingerprint | None:
     """The calibration fingerprint of ``maps``: from their metadata; for files written before it was
-    stored, recomputed when their ``text_sha256`` shows they were fitted on the bundled calibration
-    novels (the chunks are rebuilt as calibration built them).
+    stored, and only when ``required``, recomputed when their ``text_sha256`` shows they were fitted on
+    the bundled calibration novels (the chunks are rebuilt as calibration built them).
 
     Args:
-        required: raise when there is no way to know the calibration text (user text given);
-            otherwise return ``None`` then.
+        required: the evaluation text is the user's: a fingerprint is needed, and its absence is an
+            error. Otherwise (the bundled evaluation novels) files without one give ``None``.
 
     Raises:
         OverlapError: ``required`` and the maps record neither a fingerprint nor the bundled text.
@@ -169,6 +169,8 @@ def maps_fingerprint(maps, tokenizer, *, required: bool) -> Fingerprint | None:
     meta = maps.meta
     if "calibration_fingerprint" in meta:
         return Fingerprint.from_meta(meta["calibration_fingerprint"])
+    if not required:  # the bundled evaluation novels: disjoint from the bundled calibration novels by design
+        return None
     from .assets import CALIBRATION_BOOKS, load_texts
     from .calibrate import calibration_chunks, special_prefix, text_hash
 
