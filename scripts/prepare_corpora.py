@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
     from ridgefill.assets import CALIBRATION_BOOKS, EVALUATION_BOOKS, load_texts
+    from ridgefill.fileio import atomic_write
 
     a.out.mkdir(parents=True, exist_ok=True)
     books = load_texts()
@@ -169,12 +170,15 @@ def main(argv: list[str] | None = None) -> int:
         files[key], version = code_text(names)
         sources[key] = {"source": f"Python {version} standard library: {', '.join(names)}",
                         "licence": LICENCES["python-stdlib"]}
+    def write(path: Path, text: str) -> None:  # atomically: an interrupted run leaves no half file
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
     for key, text in files.items():
         path = a.out / f"{key}.txt"
-        path.write_text(text, encoding="utf-8")
+        write(path, text)
         sources[key].update(file=path.name, characters=len(text),
                             sha256=hashlib.sha256(text.encode("utf-8")).hexdigest())
-    (a.out / "sources.json").write_text(json.dumps(sources, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write(a.out / "sources.json", json.dumps(sources, indent=2, ensure_ascii=False) + "\n")
     for key, s in sources.items():
         print(f"{key:13s} {s['characters']:>9,} chars  {s['source']}")
     return 0

@@ -1,5 +1,7 @@
 """The main job: calibrate maps for a model, then compare exact, RidgeFill, identity and no fill on
-held-out long documents (``ridgefill run``).
+held-out long documents (``ridgefill run``): the bundled evaluation novels, or the user's own text files
+(``--text``, :attr:`RunConfig.texts`), which must not overlap the maps' calibration text
+(:func:`check_evaluation_text`).
 
 Per evaluation document of ``doc_tokens + 1`` tokens the prompt is its first ``doc_tokens`` tokens;
 the last ``tail`` rows are exact. Reported per mode:
