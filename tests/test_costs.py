@@ -69,6 +69,24 @@ def test_selection_cost_equals_brute_force(chosen, rounds, kv_maps):
         fill_cost(SMALL, n, split, tail, selected=[n - 1])
 
 
+def test_rows_chosen_up_front_cost_one_pass():
+    """``rounds=0`` (query-agnostic selection by leverage): one pass with the tail and the chosen rows
+    exact, counted row by row, plus the leverage scores."""
+    n, split, tail, chosen = 20, 1, 6, [0, 3, 4, 9]
+    d, H, Hk, h, I, V = SMALL.hidden, SMALL.heads, SMALL.kv_heads, SMALL.head_dim, SMALL.intermediate, SMALL.vocab
+    total = 2 * d * V + 2 * d ** 3 // 3 + n * (2 * d * d + 2 * d)
+    for layer in range(SMALL.layers):
+        for p in range(n):
+            if layer <= split or p >= n - tail or p in chosen:
+                total += 2 * d * H * h + 2 * 2 * d * Hk * h + 2 * H * h * d + 2 * 3 * d * I + 4 * H * h * (p + 1)
+            else:
+                total += 2 * d * d + d + 2 * 2 * d * Hk * h
+    assert fill_cost(SMALL, n, split, tail, selected=chosen, rounds=0).flops == total
+    assert fill_cost(SMALL, n, split, tail, selected=[], rounds=0).flops == fill_cost(SMALL, n, split, tail).flops
+    with pytest.raises(InputError, match="rounds"):
+        fill_cost(SMALL, n, split, tail, selected=chosen, rounds=-1)
+
+
 def test_tail_covering_the_prompt_costs_what_exact_costs():
     for n in (1, 10, 100):
         assert fill_cost(SMALL, n, 1, n).flops == exact_cost(SMALL, n).flops
@@ -201,6 +219,11 @@ def test_bench_with_row_selection(capsys):
     assert main(["bench", "--model", "tiny-random", "--lengths", "64", "--split", "1", "--tail", "8", "--repeats",
                  "1", "--warmup", "0", "--select", "budget=4"]) == 0
     assert "with row selection" in capsys.readouterr().out
+    # query-agnostic selection: one pass, its bound counts the chosen rows once (rounds=0)
+    cfg = BenchConfig(model="tiny-random", lengths=(96,), split=2, tail=16, repeats=1, warmup=0,
+                      select=Select.parse("prompt,budget=8"))
+    r = bench(cfg, progress=False)["rows"][0]
+    assert r["sel_rows"] == 8 and r["sel_ideal"] < r["ideal"]
 
 
 def test_bench_command_line(capsys):

@@ -256,3 +256,135 @@ def test_exact_rows_are_causal(ids, mode):
     # not bitwise: the MoE groups tokens by expert, so a changed route changes matmul shapes (rounding)
     torch.testing.assert_close(a.logits[:, :-1], b.logits[:, :-1], rtol=0, atol=1e-5)
     assert (a.logits[:, -1] - b.logits[:, -1]).abs().max() > 0.1
+
+
+# ------------------------------------------------------------------------------------------------
+# Splice tests of the recurrent state (ridgefill.evaluate.splice, `ridgefill eval splice`)
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_state_splice_reproduces_exact_when_attention_fill_is_exact(name):
+    """S = 3: late layers 4 (attention) and 5 (recurrent). The identity fill's K/V at layer 4 = S + 1
+    are exact (its input is h_S), so the fill's only error is layer 5's state; splicing the exact state
+    after the filled rows gives the exact NLL, logits and cache (states included). Without the splice
+    the fill is not exact."""
+    from ridgefill.evaluate.loss import tail_nll
+    from ridgefill.evaluate.splice import exact_states, splice_variants
+
+    model = build(name)
+    ad = adapter_for(model)
+    doc = torch.randint(3, VOCAB, (N + 1,), generator=torch.Generator().manual_seed(7))
+    tail, split = 8, 3
+    exact_nll, _, exact = tail_nll(model, doc, tail=tail, mode="exact")
+    exact_all = prefill(model, doc[None, :-1], tail=N, mode="exact", logits="exact")
+    fill_nll, _, _ = tail_nll(model, doc, tail=tail, mode="identity", split=split)
+    assert (fill_nll - exact_nll).abs().max() > 1e-3
+    variants = splice_variants(model, {split: None}, tail=tail, mode="identity")
+    assert list(variants) == [f"{split}/identity+fill", f"{split}/identity+state"]
+    torch.testing.assert_close(variants[f"{split}/identity+state"](doc, exact), exact_nll, rtol=0, atol=1e-5)
+    torch.testing.assert_close(variants[f"{split}/identity+fill"](doc, exact), fill_nll, rtol=0, atol=0)
+    ids = doc[None, :-1]
+    states = exact_states(model, ids, N - tail, [5])
+    with ad.spliced_states(states):
+        res = prefill(model, ids, tail=tail, mode="identity", split=split, logits="exact")
+    assert not ad._spliced  # closed again
+    torch.testing.assert_close(res.logits, exact_all.logits[:, -tail:], rtol=0, atol=1e-5)
+    assert_cache_close(res.cache, exact_all.cache, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_state_errors(name, ids):
+    """S = 1, identity fill: layer 2 = S + 1 gets its true inputs (h_S), so its state is exact after the
+    filled rows and at the prompt's end; layers 3 and 5 are not. With maps that reproduce the true
+    inputs every state is exact."""
+    from ridgefill.evaluate.splice import state_errors
+
+    model = build(name)
+    one = ids[:1]
+    errs = state_errors(model, one, tail=6, mode="identity", split=S)
+    assert sorted(errs) == [2, 3, 5]
+    keys = {"conv_after_filled", "recurrent_after_filled", "conv_prompt_end", "recurrent_prompt_end"}
+    assert all(set(e) == keys for e in errs.values())
+    assert max(errs[2].values()) < 1e-5
+    for layer in (3, 5):
+        assert errs[layer]["recurrent_after_filled"] > 1e-2 and errs[layer]["conv_after_filled"] > 1e-2
+        assert errs[layer]["recurrent_prompt_end"] > 1e-3
+    oracle = state_errors(model, one, tail=6, mode="ridge", maps=oracle_maps(model, one, S))
+    assert max(max(e.values()) for e in oracle.values()) < 1e-4
+    assert set(state_errors(model, one, tail=N, mode="identity", split=S)[3]) == {"conv_prompt_end",
+                                                                                  "recurrent_prompt_end"}
+    assert state_errors(model, one, tail=6, mode="identity", split=len(TYPES) - 2) == {5: state_errors(
+        model, one, tail=6, mode="identity", split=len(TYPES) - 2)[5]}
+    with pytest.raises(InputError, match="mode"):
+        state_errors(model, one, tail=6, mode="none", split=S)
+
+
+def test_splice_components_by_model_and_state_splice_errors(ids):
+    from conftest import tiny_llama
+    from ridgefill.evaluate.splice import COMPONENTS, components_for, exact_states, splice_variants
+
+    model = build("qwen3_5_text")
+    ad = adapter_for(model)
+    assert components_for(model) == ("fill", "state") and components_for(tiny_llama()) == COMPONENTS
+    with pytest.raises(InputError, match=r"\['kv'\] do not apply.*kv_hook"):
+        splice_variants(model, {S: None}, tail=4, mode="identity", components=["fill", "kv"])
+    with pytest.raises(InputError, match="no recurrent-state layers"):
+        splice_variants(tiny_llama(), {S: None}, tail=4, mode="identity", components=["state"])
+    with pytest.raises(InputError, match="one of"):
+        splice_variants(model, {S: None}, tail=4, mode="identity", components=["states"])
+    states = exact_states(model, ids, 10, [2, 3])
+    assert states[2][0].shape == (2, 64 + 64, 4) and states[2][1].shape == (2, 4, 16, 16)
+    with pytest.raises(InputError, match="no recurrent state"):
+        exact_states(model, ids, 10, [1])
+    with pytest.raises(InputError, match="rows"):
+        exact_states(model, ids, 0, [2])
+    with pytest.raises(ValueError, match="not a recurrent"):
+        with ad.spliced_states({1: states[2]}):
+            pass
+    with pytest.raises(ValueError, match="conv state"):
+        with ad.spliced_states({2: (states[2][0][..., :2], states[2][1])}):
+            pass
+    with ad.spliced_states(states):
+        with pytest.raises(ValueError, match="already open"):
+            with ad.spliced_states(states):
+                pass
+        with pytest.raises(ValueError, match="batch"):
+            prefill(model, ids[:1], tail=30, mode="identity", split=S)
+    assert not ad._spliced
+
+
+def test_eval_splice_cli_on_a_hybrid_model(tmp_path, capsys):
+    """`ridgefill eval splice` on a tiny hybrid saved as a directory: components fill and state, the
+    state errors per late recurrent layer in the JSON and in the report."""
+    import json
+
+    from ridgefill.cli import main
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    torch.manual_seed(3)
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**dict(COMMON, vocab_size=256)))
+    model.save_pretrained(tmp_path / "model")
+    PreTrainedTokenizerFast(tokenizer_object=tk).save_pretrained(tmp_path / "model")
+    out = tmp_path / "out"
+    args = ["eval", "splice", "--model", str(tmp_path / "model"), "--out", str(out), "--quiet", "--splits", "1",
+            "--mode", "identity", "--docs", "1", "--novel-docs", "1", "--doc-tokens", "96", "--tail", "16",
+            "--window", "4", "--tau", "0.5", "--resamples", "50"]
+    assert main(args) == 0
+    rep = json.loads((out / "splice.json").read_text())
+    assert rep["components"] == ["fill", "state"]
+    assert {r["variant"] for r in rep["summary"]} == {"1/identity+fill", "1/identity+state"}
+    errs = rep["state_errors"]["1"]
+    assert sorted(errs) == ["2", "3", "5"]
+    assert errs["2"]["recurrent_after_filled"]["mean"] < 1e-5  # layer S + 1 gets its true inputs
+    assert errs["3"]["recurrent_after_filled"]["mean"] > 1e-3 and len(errs["3"]["conv_prompt_end"]["documents"]) == 2
+    capsys.readouterr()
+    assert main(args + ["--components", "fill,k"]) == 2
+    assert "['k'] do not apply" in capsys.readouterr().err
+    assert main(["report", str(out / "splice.json"), "--out", str(out / "report")]) == 0
+    md = (out / "report" / "report.md").read_text()
+    assert "exact recurrent state" in md and "| 1 | 3 |" in md

@@ -210,6 +210,37 @@ def test_attach_stats_gives_old_maps_their_means(tmp_path, maps):
     mean_h, mean_x = maps.stats.means()
     assert torch.equal(back.mean_h, mean_h.float()) and torch.equal(back.mean_x, mean_x.float())
     assert torch.equal(back.centred_biases(), maps.centred_biases())
+    assert back.cov_h is not None and torch.equal(back.cov_h, maps.cov_h)
     other = RidgeMaps(maps.split, maps.weights * 2, maps.biases, maps.lambdas, dict(maps.meta))
     with pytest.raises(MapsFormatError, match="belongs to other maps"):
         attach_stats(other, path)
+
+
+def test_maps_store_the_calibration_covariance(tmp_path, maps):
+    """``cov_h`` (query-agnostic selection) is the covariance of the calibration ``h_S`` rows, saved and
+    loaded with the maps; a file with a wrongly shaped one is refused."""
+    from safetensors.torch import load_file, save_file
+
+    from ridgefill.maps import calibration_cov
+
+    st = maps.stats
+    d = maps.weights.shape[1]
+    assert maps.cov_h.shape == (d, d)
+    assert torch.allclose(maps.cov_h.double(), calibration_cov(st), atol=1e-6)
+    mean_h, _ = st.means()
+    # the streaming covariance equals Σ (h − h̄)(h − h̄)ᵀ / n computed from the shifted sums directly
+    ph = mean_h - st.shift_h
+    direct = (st.gram - st.count * torch.outer(ph, ph)) / st.count
+    assert torch.allclose(calibration_cov(st), direct, atol=1e-9)
+    assert bool((torch.linalg.eigvalsh(maps.cov_h.double()) > -1e-6).all())  # a covariance: PSD
+    path = maps.save(tmp_path / "m.safetensors")
+    back = load_maps(path)
+    assert torch.equal(back.cov_h, maps.cov_h.float())
+    tensors = load_file(path)
+    tensors["cov_h"] = tensors["cov_h"][:, :-1].contiguous()
+    from safetensors import safe_open
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    save_file(tensors, tmp_path / "bad.safetensors", metadata=meta)
+    with pytest.raises(MapsFormatError, match="calibration covariance"):
+        load_maps(tmp_path / "bad.safetensors")

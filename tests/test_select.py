@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache
 
 from ridgefill import InputError, MapsFormatError, prefill
-from ridgefill.select import Select, choose_rows
+from ridgefill.select import Select, choose_rows, local_contrast
 from conftest import oracle_maps, reference, tiny_llama
 from test_gemma3 import tiny_gemma3
 
@@ -133,10 +133,30 @@ def test_choose_rows_widens_around_the_best_rows_and_keeps_the_budget():
     assert choose_rows(scores, cand, sel, 0).tolist() == []
 
 
+def test_local_contrast_ranks_a_far_spike_above_nearby_text():
+    # attention decaying toward the start of the prompt (distance from the question), a spike far away
+    n = 1000
+    base = torch.linspace(1e-5, 1e-3, n)
+    scores = base.clone()
+    scores[100] = 3e-4  # 30x its neighbours, but below the raw scores of the last ~700 rows
+    cand = torch.ones(n, dtype=torch.bool)
+    cand[0] = False
+    assert choose_rows(scores, cand, Select(before=0, after=0, sink=0, contrast=0), 1).tolist() == [999]
+    assert choose_rows(scores, cand, Select(before=0, after=0, sink=0, contrast=50), 1).tolist() == [100]
+    c = local_contrast(scores, cand, 50)
+    # row 500: mean of rows 450..550 (101 candidates, linear ramp) equals its own score
+    assert c[500].item() == pytest.approx(base[500].item() / (base[500].item() + 0.01 / n), rel=1e-4)
+    # non-candidates are left out of the means: row 1's window is rows 1..51 (row 0 excluded)
+    assert c[1].item() == pytest.approx(base[1].item() / (base[1:52].double().mean().item() + 0.01 / n), rel=1e-4)
+    with pytest.raises(InputError):
+        Select(contrast=-1)
+
+
 def test_select_parse_and_errors():
     assert Select.parse("off") is None
     assert Select.parse("on") == Select()
     assert Select.parse("budget=64,after=8,heads=max,rounds=2") == Select(budget=64, after=8, heads="max", rounds=2)
+    assert Select.parse("contrast=0").contrast == 0 and Select().contrast == 128
     assert Select(budget=0.025).budget_rows(2048) == 51
     for bad in ("budget=0", "budget=2.5", "heads=mean", "queries=0", "rounds=0", "before=-1", "colour=red", "budget"):
         with pytest.raises(InputError):
@@ -182,3 +202,35 @@ def test_induction_selection_keeps_only_the_top_heads(llama, ids, maps):
     res = prefill(llama, ids, maps, tail=8, mode="ridge", select=sel, logits="exact")
     one = prefill(llama, ids, maps, tail=8, exact_rows=res.selected.tolist(), mode="ridge", logits="exact")
     assert_same_prefill(res, one, llama.config.num_hidden_layers)
+
+
+def test_leverage_selection_is_one_pass_with_the_chosen_rows(llama, ids, maps):
+    """Query-agnostic selection (``by="leverage"``): rows chosen from ``h_S`` alone, before any late layer;
+    the result equals a one-pass fill with them as ``exact_rows``, in every fill mode."""
+    import dataclasses
+
+    from ridgefill.select import leverage_scores
+
+    h = reference(llama, ids[:, :40]).hidden_states[S + 1][0].double()  # h_S of the rows the maps saw
+    maps = dataclasses.replace(maps, mean_h=h.mean(0).float(), cov_h=torch.cov(h.T, correction=0).float())
+    sel = Select.parse("prompt,budget=6")
+    assert (sel.by, sel.before, sel.after, sel.contrast, sel.budget) == ("leverage", 16, 16, 0, 6)
+    for mode in ("ridge", "identity", "none"):
+        res = prefill(llama, ids, maps, tail=3, mode=mode, select=sel)
+        assert 0 < res.selected.numel() <= 6
+        one = prefill(llama, ids, maps, tail=3, mode=mode, exact_rows=res.selected)
+        assert torch.allclose(res.logits, one.logits, atol=1e-5)
+        for layer in range(len(res.cache.layers)):
+            assert torch.allclose(res.cache.layers[layer].keys, one.cache.layers[layer].keys, atol=1e-5)
+    # the score: a row equal to the calibration mean has leverage 0; one unit along a direction of
+    # variance v has leverage 1 / (v + ε)
+    d = maps.cov_h.shape[0]
+    cov = torch.diag(torch.linspace(1.0, 2.0, d))
+    h = torch.zeros(1, 3, d)
+    h[0, 1, 0] = 1.0
+    h[0, 2, d - 1] = 1.0
+    eps = 1e-3 * 1.5
+    lev = leverage_scores(h, torch.zeros(d), cov)
+    assert lev.tolist() == pytest.approx([0.0, 1 / (1 + eps), 1 / (2 + eps)], rel=1e-6)
+    with pytest.raises(InputError, match="calibration mean and covariance"):
+        prefill(llama, ids, None, tail=3, mode="identity", split=maps.split, select=sel)

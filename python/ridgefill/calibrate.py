@@ -24,7 +24,7 @@ from .adapters import adapter_for
 from .errors import InputError
 from .checkpoint import chunks_digest, load_checkpoint, save_checkpoint
 from .overlap import fingerprint, sample_for
-from .maps import RidgeMaps, model_hash, model_provenance, weight_fingerprint
+from .maps import RidgeMaps, calibration_cov, model_hash, model_provenance, weight_fingerprint
 from .validate import check_int, check_real
 from .ridge import RidgeStats, fit_maps
 
@@ -304,8 +304,10 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
                 "lambda_spec": str(lam), "heldout_rel_error": result.heldout_rel_error,
                 "heldout_rel_error_identity": result.heldout_rel_error_identity, "kind": targets,
                 "calibration_texts": sources, "calibration_fingerprint": fp}
-        mean_h, mean_x = result.stats.means() if targets == "inputs" else (None, None)
+        inputs = targets == "inputs"
+        mean_h, mean_x = result.stats.means() if inputs else (None, None)
         out[split] = RidgeMaps(split, result.weights.float(), result.biases.float(), result.lambdas, meta,
                                result.stats, mean_h=None if mean_h is None else mean_h.float(),
-                               mean_x=None if mean_x is None else mean_x.float())
+                               mean_x=None if mean_x is None else mean_x.float(),
+                               cov_h=calibration_cov(result.stats).float() if inputs else None)
     return out

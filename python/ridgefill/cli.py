@@ -39,8 +39,9 @@ def parse_select(value: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-SELECT_HELP = ("query-aware row selection: 'on' (the default selection), 'off', or key=value pairs such as "
-               "'budget=0.05,before=2,after=16,queries=1,heads=induction,top_heads=8,rounds=1,sink=1' (budget: a share of the "
+SELECT_HELP = ("row selection: 'on' (the default, query-aware: two passes), 'prompt' (query-agnostic: rows "
+               "chosen from the prompt alone by leverage), 'off', or key=value pairs such as "
+               "'budget=0.05,before=2,after=16,queries=1,heads=induction,top_heads=8,rounds=1,sink=1,contrast=128' (budget: a share of the "
                "prompt < 1, or rows)")
 
 
@@ -183,10 +184,10 @@ def _cmd_generate(a) -> None:
     from .assets import load_model
     from .errors import InputError
     from .fill import generate_after, prefill
-    from .maps import load_maps
+    from .maps import attach_stats, load_maps
 
     prompt = _read_text(a.prompt_file)
-    maps = load_maps(a.maps) if a.maps else None
+    maps = attach_stats(load_maps(a.maps), a.maps) if a.maps else None  # stats: means, covariance of older files
     model, tok, _ = load_model(a.model)
     if not prompt.strip():
         raise InputError(f"the prompt file {a.prompt_file!r} is empty: put the prompt text in it")

@@ -203,7 +203,9 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
             later pass for the tail and every chosen row (an upper bound for ``rounds > 1``, where early
             passes have fewer chosen rows). Every filled row's map and K/V are computed once, in pass 1
             (the chosen rows' too).
-        rounds: selection rounds (with ``selected``).
+        rounds: selection rounds (with ``selected``); ``0``: the rows were chosen before the late layers
+            from the prompt alone (``Select(by="leverage")``): one pass with the tail and the chosen rows
+            exact, plus the leverage scores (a ``d × d`` solve and ``2·d²`` FLOPs per row).
         kv_maps: K/V maps (kind ``"kv"``): each filled row's map is ``2·d·(2·H_kv·h) + 2·H_kv·h``
             FLOPs and replaces the map and the K/V projections.
 
@@ -215,27 +217,33 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
     selected = sorted(int(p) for p in selected)
     if selected and (selected[0] < 0 or selected[-1] >= filled or len(set(selected)) != len(selected)):
         raise InputError(f"selected rows must be distinct positions among the filled rows 0..{filled - 1}")
-    if not isinstance(rounds, int) or rounds < 1:
-        raise InputError(f"rounds={rounds!r} must be an int ≥ 1")
+    if not isinstance(rounds, int) or rounds < 0:
+        raise InputError(f"rounds={rounds!r} must be an int ≥ 0")
     row = shape.projection_flops + shape.mlp_flops
     k = len(selected)
     # exact late-layer rows over all passes: the tail once, then the tail and the chosen rows per round
     passes = rounds if k else 0
     exact_rows = tail + passes * (tail + k)
+    kv_rows = filled  # filled rows whose K/V come from the maps
+    leverage = 0
+    if rounds == 0 and k:  # chosen up front: one pass, the chosen rows exact, no filled K/V for them
+        exact_rows, kv_rows = tail + k, filled - k
+        leverage = 2 * shape.hidden ** 3 // 3 + n * (2 * shape.hidden ** 2 + 2 * shape.hidden)
     kv_out = 2 * shape.kv_heads * shape.head_dim
     map_flops = (2 * shape.hidden * kv_out + kv_out) if kv_maps else (shape.map_flops if maps else 0)
     kv_flops = 0 if kv_maps else shape.kv_flops
     chosen_attention = sum(shape.attention_flops(p, p + 1) for p in selected)
     scoring = passes * shape.attention_flops(n - 1, n)
     parts = {
-        "projections": lower * n * shape.projection_flops + late * (filled * kv_flops + exact_rows * shape.projection_flops),
+        "projections": lower * n * shape.projection_flops + late * (kv_rows * kv_flops + exact_rows * shape.projection_flops),
         "mlp": (lower * n + late * exact_rows) * shape.mlp_flops,
         "attention": (lower * shape.attention_flops(0, n)
-                      + late * ((1 + passes) * shape.attention_flops(filled, n) + passes * chosen_attention + scoring)),
-        "maps": late * filled * map_flops,
+                      + late * ((1 + passes) * shape.attention_flops(filled, n)
+                                + (passes if rounds else 1) * chosen_attention + scoring)),  # rounds 0: once
+        "maps": late * kv_rows * map_flops + leverage,
         "lm_head": 2 * shape.hidden * shape.vocab,
     }
-    assert parts["projections"] + parts["mlp"] == (lower * n + late * exact_rows) * row + late * filled * kv_flops
+    assert parts["projections"] + parts["mlp"] == (lower * n + late * exact_rows) * row + late * kv_rows * kv_flops
     if kv_maps:
         extra = late * (shape.hidden * kv_out + kv_out)
     else:

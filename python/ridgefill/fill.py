@@ -41,7 +41,7 @@ from .adapters import adapter_for
 from .adapters.base import record_sliding_windows, trim_sliding_windows, write_rows
 from .errors import InputError, NonFiniteError
 from .maps import RidgeMaps
-from .select import AttentionScores, Select, choose_rows
+from .select import AttentionScores, Select, choose_rows, leverage_scores
 from .validate import binds_prompt, check_choice, check_int, check_rows, prompt_digest
 
 Mode = Literal["ridge", "centred", "identity", "none", "exact"]
@@ -155,8 +155,10 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             (:meth:`~ridgefill.adapters.LlamaAdapter.fill_kv`) when the adapter has it, there is no
             ``kv_hook`` and every late layer reads every filled row; the values equal the per-layer
             path's (``fast=False``, the reference) up to float rounding.
-        select: a :class:`Select` to choose further exact rows from the exact rows' late-layer
-            attention (two passes; fill modes other than ``"none"``). ``None``: one pass.
+        select: a :class:`Select` to choose further exact rows: from the exact rows' late-layer
+            attention (``by="attention"``: two passes; fill modes other than ``"none"``), or from the
+            prompt alone (``by="leverage"``: one pass, any fill mode; ``maps`` with a calibration
+            covariance must be given, also for ``"identity"`` and ``"none"``). ``None``: no selection.
 
     Returns:
         :class:`PrefillResult`; with ``select`` its ``selected`` holds the chosen rows (also in
@@ -178,9 +180,9 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         raise InputError(f"input_ids must be an int64 tensor [batch, rows]; got {got}")
     if select is not None and not isinstance(select, Select):
         raise InputError(f"select must be a ridgefill.select.Select or None; got {type(select).__name__}")
-    if select is not None and mode in ("exact", "none"):
+    if select is not None and (mode == "exact" or (mode == "none" and select.by == "attention")):
         raise InputError(f"select chooses exact rows from the attention to the filled rows' K/V; mode {mode!r} "
-                         "has none: use it with 'ridge', 'centred' or 'identity'")
+                         "has none: use it with 'ridge', 'centred' or 'identity' (or select by='leverage')")
     vocab = model.get_input_embeddings().num_embeddings
     if input_ids.numel() == 0 or int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
         got = "no rows" if input_ids.numel() == 0 else f"ids in {int(input_ids.min())}..{int(input_ids.max())}"
@@ -244,8 +246,18 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     fill = _LateFill(adapter, range(split + 1, L), x, rope, _fill_maps(mode, maps, x), kv_hook,
                      fast and kv_hook is None and kind == "inputs", none=mode == "none", kind=kind, state=state)
     selected = torch.zeros(0, dtype=torch.long, device=device)
-    rounds = select.rounds if select is not None else 0
+    rounds = select.rounds if select is not None and select.by == "attention" else 0
     budget = select.budget_rows(n) if select is not None else 0
+    if select is not None and select.by == "leverage":  # query-agnostic: chosen from h_S, before the late layers
+        if maps is None or maps.mean_h is None or maps.cov_h is None:
+            raise InputError("select by='leverage' needs maps with the calibration mean and covariance of h_S "
+                             "(RidgeMaps.mean_h, cov_h): pass maps fitted by this version of `ridgefill calibrate` "
+                             "(or loaded with their statistics file)")
+        maps.check_model(model, split)
+        filled = torch.ones(n, dtype=torch.bool, device=device)
+        filled[ex] = False
+        selected = choose_rows(leverage_scores(x, maps.mean_h, maps.cov_h), filled, select, budget)
+        ex = torch.unique(torch.cat([ex, selected]))
     for r in range(rounds + 1):
         scorer = None
         if r < rounds:

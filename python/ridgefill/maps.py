@@ -115,6 +115,9 @@ class RidgeMaps:
             ``mean_h`` / ``mean_x``; ``None`` in files written before they were added). They give the
             centred identity fill ``W = I, b_l = x̄_l − h̄`` (:meth:`centred_biases`), the ``λ → ∞`` limit
             of the ridge maps with their unpenalised intercept.
+        cov_h: calibration covariance of ``h_S`` ``[d, d]`` (tensor ``cov_h``; ``None`` in older files):
+            the query-agnostic row selection ranks rows by their leverage under it
+            (:func:`ridgefill.select.leverage_scores`).
     """
 
     split: int
@@ -125,6 +128,7 @@ class RidgeMaps:
     stats: RidgeStats | None = field(default=None, repr=False, compare=False)
     mean_h: Tensor | None = field(default=None, repr=False, compare=False)
     mean_x: Tensor | None = field(default=None, repr=False, compare=False)
+    cov_h: Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def kind(self) -> str:
@@ -144,7 +148,7 @@ class RidgeMaps:
         """A copy with the tensors cast (the fill applies the maps in the model's dtype)."""
         cast = (lambda t: None if t is None else t.to(device=device, dtype=dtype))
         return RidgeMaps(self.split, cast(self.weights), cast(self.biases), list(self.lambdas), dict(self.meta),
-                         mean_h=cast(self.mean_h), mean_x=cast(self.mean_x))
+                         mean_h=cast(self.mean_h), mean_x=cast(self.mean_x), cov_h=cast(self.cov_h))
 
     def centred_biases(self) -> Tensor:
         """``b_l = x̄_l − h̄`` ``[L-S-1, d]``: the biases of the centred identity fill (``W = I``), the
@@ -232,6 +236,8 @@ class RidgeMaps:
         if self.mean_h is not None and self.mean_x is not None:
             tensors["mean_h"] = self.mean_h.detach().to(torch.float32).contiguous().cpu()
             tensors["mean_x"] = self.mean_x.detach().to(torch.float32).contiguous().cpu()
+            if self.cov_h is not None:
+                tensors["cov_h"] = self.cov_h.detach().to(torch.float32).contiguous().cpu()
         path = Path(path)
         if path.is_dir():
             raise InputError(f"cannot write maps to {str(path)!r}: it is a folder; give a file name such as "
@@ -273,7 +279,16 @@ def attach_stats(maps: RidgeMaps, path: str | os.PathLike) -> RidgeMaps:
     if maps.mean_h is None and maps.kind == "inputs":
         mean_h, mean_x = stats.means()
         maps.mean_h, maps.mean_x = mean_h.float(), mean_x.float()
+    if maps.cov_h is None and maps.kind == "inputs":
+        maps.cov_h = calibration_cov(stats).float()
     return maps
+
+
+def calibration_cov(stats: RidgeStats) -> Tensor:
+    """The calibration covariance of ``h_S``, ``Σ (h − h̄)(h − h̄)ᵀ / n`` ``[d, d]`` float64, from the
+    streaming statistics."""
+    mean_h, mean_x = stats.means()
+    return stats.moments(0, mean_h, mean_x[0])[0] / stats.count
 
 
 def maps_digest(weights: Tensor, biases: Tensor) -> str:
@@ -460,7 +475,8 @@ def load_maps(path: str | os.PathLike) -> RidgeMaps:
         raise InputError(f"maps file {str(path)!r} does not exist; create it with `ridgefill calibrate`")
     redo = "refit it with `ridgefill calibrate`"
     meta, tensors = _read(path, "ridgefill", "maps file", redo)
-    if meta is None or set(tensors) not in ({"weights", "biases"}, {"weights", "biases", "mean_h", "mean_x"}):
+    if meta is None or set(tensors) not in ({"weights", "biases"}, {"weights", "biases", "mean_h", "mean_x"},
+                                            {"weights", "biases", "mean_h", "mean_x", "cov_h"}):
         raise MapsFormatError(f"{str(path)!r} is a safetensors file but not a RidgeFill maps file "
                               f"(tensors {sorted(tensors)}); {redo}")
     version = meta.get("format_version")
@@ -474,7 +490,7 @@ def load_maps(path: str | os.PathLike) -> RidgeMaps:
     w, b = tensors["weights"], tensors["biases"]
     if any(t.dtype != torch.float32 for t in tensors.values()):
         raise MapsFormatError(f"maps file {str(path)!r} holds weights {w.dtype} and biases {b.dtype}"
-                              + "".join(f", {k} {t.dtype}" for k, t in tensors.items() if k.startswith("mean_"))
+                              + "".join(f", {k} {t.dtype}" for k, t in tensors.items() if k not in ("weights", "biases"))
                               + f"; the format stores float32; {redo}")
     lambdas = meta.pop("lambdas")
     split = meta.pop("split")
@@ -490,6 +506,10 @@ def load_maps(path: str | os.PathLike) -> RidgeMaps:
     if mean_h is not None and (mean_h.shape != w.shape[1:2] or mean_x.shape != w.shape[::2]):
         raise MapsFormatError(f"maps file {str(path)!r} has calibration means of shapes {tuple(mean_h.shape)} and "
                               f"{tuple(mean_x.shape)}, expected {tuple(w.shape[1:2])} and {tuple(b.shape)}; {redo}")
+    cov_h = tensors.get("cov_h")
+    if cov_h is not None and cov_h.shape != (w.shape[1], w.shape[1]):
+        raise MapsFormatError(f"maps file {str(path)!r} has a calibration covariance of shape {tuple(cov_h.shape)}, "
+                              f"expected {(w.shape[1], w.shape[1])}; {redo}")
     if not all(torch.isfinite(t).all() for t in tensors.values()):
         raise MapsFormatError(f"maps file {str(path)!r} holds NaN or Inf values; {redo}")
-    return RidgeMaps(split, w, b, [float(v) for v in lambdas], meta, mean_h=mean_h, mean_x=mean_x)
+    return RidgeMaps(split, w, b, [float(v) for v in lambdas], meta, mean_h=mean_h, mean_x=mean_x, cov_h=cov_h)

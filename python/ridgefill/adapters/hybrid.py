@@ -24,6 +24,11 @@ The exact rows then run the model's own decoder layer, continuing from that stat
 recurrent state is a running summary, exact rows must be a suffix of the prompt (the tail): other
 ``exact_rows`` are refused (:meth:`HybridAdapter.check_exact_rows`).
 
+Splice tests of the state (:func:`ridgefill.evaluate.splice.splice_variants`, component ``"state"``):
+inside :meth:`HybridAdapter.spliced_states`, :meth:`HybridAdapter.advance_state` loads given exact
+states (from an exact forward of the filled rows) instead of advancing from the predicted inputs, so
+the exact rows start from the true state while the fill is otherwise unchanged.
+
 Per-layer states live in one ``transformers`` ``DynamicCache`` for the whole prefill
 (:meth:`HybridAdapter.new_state`); :meth:`HybridAdapter.build_cache` adds the attention layers' K/V to
 it, so ``generate`` continues from the conv and recurrent states the model's own decoding expects.
@@ -34,7 +39,9 @@ the text model ``Qwen3_5ForCausalLM``), attention-mask padding.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from typing import Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +76,7 @@ class HybridAdapter(QKNorm, LlamaAdapter):
         super().__init__(model)
         self.layer_types: list[str] = types
         self.recurrent_layers: tuple[int, ...] = tuple(i for i, t in enumerate(types) if t == LINEAR)
+        self._spliced: dict[int, tuple[Tensor, Tensor]] = {}  # see spliced_states
 
     # --- recurrent-state layers -------------------------------------------------------------
     def new_state(self):
@@ -111,10 +119,12 @@ class HybridAdapter(QKNorm, LlamaAdapter):
         cache, not yet advanced in this layer) over rows whose layer input is ``x`` ``[batch, rows,
         hidden]``, the first rows of the prompt, through the layer's input norm, projections,
         convolution, gates and chunked delta-rule kernel, as the layer's own forward does; no output
-        is computed beyond the kernel's by-product.
+        is computed beyond the kernel's by-product. Inside :meth:`spliced_states` a layer it names gets
+        the given states instead (``x`` is then only checked for its batch size).
 
         Raises:
-            ValueError: ``layer`` is not a recurrent layer, or its state was already advanced.
+            ValueError: ``layer`` is not a recurrent layer, or its state was already advanced, or a
+                spliced state's batch differs from ``x``'s.
         """
         if not self.is_recurrent(layer):
             raise ValueError(f"layer {layer} is not a recurrent-state layer")
@@ -123,6 +133,13 @@ class HybridAdapter(QKNorm, LlamaAdapter):
             raise ValueError(f"the state of layer {layer} was already advanced; filled rows come first")
         block = self.body.layers[layer]
         la = block.linear_attn
+        if layer in self._spliced:
+            conv, rec = self._spliced[layer]
+            if conv.shape[0] != x.shape[0] or rec.shape[0] != x.shape[0]:
+                raise ValueError(f"spliced states of layer {layer} have batch {conv.shape[0]}, the rows {x.shape[0]}")
+            state.update_conv_state(conv.to(x.device, x.dtype), layer, conv_kernel_size=la.conv_kernel_size)
+            state.update_recurrent_state(rec.to(x.device), layer)
+            return
         conv_fn, rule = self._kernels(la)
         rows = x.shape[1]
         mixed, b, a = self._mixed_qkv_and_gates(la, block.input_layernorm(x))
@@ -138,6 +155,33 @@ class HybridAdapter(QKNorm, LlamaAdapter):
         _, final = rule(q, k, v, g=g, beta=beta, initial_state=None, output_final_state=True,
                         use_qk_l2norm_in_kernel=True)
         state.update_recurrent_state(final, layer)
+
+    @contextlib.contextmanager
+    def spliced_states(self, states: Mapping[int, tuple[Tensor, Tensor]]) -> Iterator[None]:
+        """The splice test of the recurrent state: while open, :meth:`advance_state` of each layer ``l``
+        in ``states`` sets that layer's state to ``states[l] = (conv [batch, conv_dim, kernel],
+        delta-rule [batch, value_heads, key_dim, value_dim])`` (e.g. the exact states after the filled
+        rows, :func:`ridgefill.evaluate.splice.exact_states`) instead of advancing it from the
+        predicted inputs. Attention layers and the exact rows are untouched.
+
+        Raises:
+            ValueError: a layer that is not recurrent, a conv state without ``linear_conv_kernel_dim``
+                columns, or a splice already open on this adapter.
+        """
+        if self._spliced:
+            raise ValueError("a state splice is already open on this model")
+        for layer, (conv, _rec) in states.items():
+            if not self.is_recurrent(layer):
+                raise ValueError(f"layer {layer} is not a recurrent-state layer; recurrent: {list(self.recurrent_layers)}")
+            kernel = self.body.layers[layer].linear_attn.conv_kernel_size
+            if conv.ndim != 3 or conv.shape[-1] != kernel:
+                raise ValueError(f"the conv state of layer {layer} must be [batch, conv_dim, {kernel}]; got "
+                                 f"{tuple(conv.shape)}")
+        self._spliced = dict(states)
+        try:
+            yield
+        finally:
+            self._spliced = {}
 
     # --- attention layers -----------------------------------------------------------------------
     def kv(self, layer: int, x: Tensor, rope: Rope) -> tuple[Tensor, Tensor]:

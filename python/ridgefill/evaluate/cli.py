@@ -125,12 +125,13 @@ def add_subcommand(subparsers) -> None:
     _select_args(p)
     p.set_defaults(func=_cmd_loss)
 
-    p = sub.add_parser("splice", help="fill with exact K, V or key scale spliced into the late layers")
+    p = sub.add_parser("splice", help="fill with exact K, V, key scale or recurrent state spliced into the late layers")
     _common(p, "splice.json")
     _loss_args(p, 6, 6)
     p.add_argument("--splits", type=_ints, default=None, help="fill splits (default L/2)")
     p.add_argument("--mode", default="ridge", choices=["ridge", "identity"])
-    p.add_argument("--components", type=_words, default=None, help="splice components (default all)")
+    p.add_argument("--components", type=_words, default=None, help="splice components (default: all that apply: "
+                   "fill,k,v,kv,k_scale,k_direction; fill,state on models with recurrent-state layers)")
     p.add_argument("--key-scale-tokens", type=int, default=0, help="also evaluate ridge with a key-scale "
                    "correction fitted on this many calibration tokens (default 0: off)")
     p.add_argument("--lam-factors", type=_lam_factors, default=[], help="also evaluate ridge re-solved with "
@@ -379,14 +380,15 @@ def _cmd_splice(a) -> None:
     from dataclasses import asdict
 
     from .loss import key_token_stats, score_documents, summarise
-    from .splice import COMPONENTS, fix_variants, splice_variants
+    from .splice import ALL_COMPONENTS, check_components, components_for, fix_variants, splice_variants
 
     t0 = time.perf_counter()
-    comps = a.components or list(COMPONENTS)
-    for c in comps:
-        if c not in COMPONENTS:
-            raise InputError(f"unknown splice component {c!r}; use {','.join(COMPONENTS)}")
+    for c in a.components or []:
+        if c not in ALL_COMPONENTS:
+            raise InputError(f"unknown splice component {c!r}; use {','.join(ALL_COMPONENTS)}")
     model, tok, name = _setup(a)
+    comps = list(a.components or components_for(model))
+    check_components(model, comps)
     splits = _splits(a, model)
     report = _header(a, name, model, "splice")
     report.update(_loss_header(a, model))
@@ -399,6 +401,7 @@ def _cmd_splice(a) -> None:
     variants.update(fix_variants(model, maps, tail=a.tail, key_scales=scales, lam_factors=a.lam_factors))
     recs = score_documents(model, docs, sets, tail=a.tail, window=a.window, variants=variants,
                            prefix_tokens=len(special_prefix(tok)), progress=lambda m: _say(a, m))
+    report["state_errors"] = _state_errors(a, model, docs, maps, splits)
     report.update({"key_scales": {str(s): v.tolist() for s, v in scales.items()},
                    "key_scale_tokens": a.key_scale_tokens, "lam_factors": a.lam_factors})
     report.update({"splits": splits, "mode": a.mode, "components": comps, "document_sets": info,
@@ -406,6 +409,30 @@ def _cmd_splice(a) -> None:
                    "summary": summarise(recs, tau=a.tau, resamples=a.resamples, seed=a.seed),
                    "documents": [asdict(r) for r in recs]})
     _finish(a, report, t0, "splice.json")
+
+
+def _state_errors(a, model, docs, maps, splits) -> dict | None:
+    """Hybrid models: per split and late recurrent layer, the mean over documents (and each
+    document's value) of the filled state's relative errors (:func:`ridgefill.evaluate.splice.state_errors`);
+    ``None`` for attention-only models."""
+    from ..adapters import adapter_for
+    from .splice import state_errors
+
+    if not adapter_for(model).recurrent_layers:
+        return None
+    device = next(model.parameters()).device
+    out = {}
+    for s in splits:
+        per_doc = [state_errors(model, doc[None, :-1].to(device), tail=a.tail, mode=a.mode, split=s,
+                                maps=maps[s] if a.mode == "ridge" else None) for doc in docs]
+        layers = {}
+        for layer in (per_doc[0] if per_doc else {}):
+            keys = per_doc[0][layer]
+            layers[str(layer)] = {k: {"mean": sum(d[layer][k] for d in per_doc) / len(per_doc),
+                                      "documents": [d[layer][k] for d in per_doc]} for k in keys}
+        out[str(s)] = layers
+    _say(a, "state errors done")
+    return out
 
 
 def _cmd_depth(a) -> None:

@@ -19,7 +19,8 @@ from ..fileio import atomic_write
 
 MODE_NAMES = {"ridge": "RidgeFill", "identity": "Identity", "none": "No fill", "exact": "Exact"}
 SPLICE_NAMES = {"fill": "fill (no splice)", "k": "exact K", "v": "exact V", "kv": "exact K and V",
-                "k_scale": "exact K scale (norm per row/head)", "k_direction": "exact K direction (fill's norm)"}
+                "k_scale": "exact K scale (norm per row/head)", "k_direction": "exact K direction (fill's norm)",
+                "state": "exact recurrent state"}
 
 
 def load_reports(paths: Sequence[str | Path]) -> list[dict]:
@@ -296,7 +297,26 @@ def _splice_section(rep: dict, out: Path, stem: str) -> str:
     _savefig(fig, out / f"{stem}.png")
     plt.close(fig)
     lines += [f"![splice]({stem}.png)", ""]
+    lines += _state_error_lines(rep)
     return "\n".join(lines)
+
+
+def _state_error_lines(rep: dict) -> list[str]:
+    """The hybrid models' table: the filled recurrent state's relative error per late recurrent layer."""
+    errs = rep.get("state_errors")
+    if not errs:
+        return []
+    lines = ["Filled vs exact recurrent state in the late linear-attention layers (relative Frobenius error "
+             "‖S_fill − S_exact‖ / ‖S_exact‖, mean over documents): after the filled rows (the state the exact "
+             "rows start from) and at the end of the prompt (the state handed to decoding).", ""]
+    rows = []
+    keys = ("conv_after_filled", "recurrent_after_filled", "conv_prompt_end", "recurrent_prompt_end")
+    for s, layers in errs.items():
+        for layer, e in layers.items():
+            rows.append([s, layer] + [f"{e[k]['mean']:.3g}" if k in e else "" for k in keys])
+    heads = ["S", "layer", "conv, after filled", "delta-rule, after filled", "conv, prompt end",
+             "delta-rule, prompt end"]
+    return lines + [_table(heads, rows), ""]
 
 
 def merge_needle_reports(reps: list[dict]) -> list[dict]:

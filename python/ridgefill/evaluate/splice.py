@@ -14,6 +14,19 @@ error the replaced component carried:
 - ``k_direction``: the exact key's direction at the fill's norm (the complement of ``k_scale``).
 
 A splice may be restricted to a subset of late layers (``layers``).
+
+Hybrid models (recurrent-state layers, :mod:`ridgefill.adapters.hybrid`) keep a conv state and a
+delta-rule state instead of K/V in their linear-attention layers; there the filled rows' error lives
+in the state the exact rows start from:
+
+- ``state``: in every late recurrent layer the filled rows leave the *exact* state (from the
+  ``transformers`` forward of the filled rows, :func:`exact_states`; loaded through
+  :meth:`~ridgefill.adapters.HybridAdapter.spliced_states`); late attention layers keep the fill's K/V;
+- :func:`state_errors`: the relative error of the filled state against the exact one, per late
+  recurrent layer, after the filled rows and at the end of the prompt (the state handed to decoding).
+
+The K/V components need ``prefill``'s ``kv_hook``, which models with recurrent-state layers refuse for
+now: on those models the components are ``fill`` and ``state`` (:func:`components_for`).
 """
 
 from __future__ import annotations
@@ -26,8 +39,125 @@ from torch import Tensor
 from ..errors import InputError
 from ..fill import KVHook
 
-#: Splice components, in report order.
+#: Splice components of the K/V cache, in report order.
 COMPONENTS: tuple[str, ...] = ("fill", "k", "v", "kv", "k_scale", "k_direction")
+#: Splice components of the recurrent state (hybrid models).
+STATE_COMPONENTS: tuple[str, ...] = ("state",)
+#: Every component the splice tests know.
+ALL_COMPONENTS: tuple[str, ...] = COMPONENTS + STATE_COMPONENTS
+
+
+def components_for(model: torch.nn.Module) -> tuple[str, ...]:
+    """The splice components that apply to ``model``: :data:`COMPONENTS` for attention-only models,
+    ``("fill", "state")`` for models with recurrent-state layers (whose fill refuses ``kv_hook``)."""
+    from ..adapters import adapter_for
+
+    return ("fill",) + STATE_COMPONENTS if adapter_for(model).recurrent_layers else COMPONENTS
+
+
+def check_components(model: torch.nn.Module, components: Sequence[str]) -> None:
+    """Raises InputError: an unknown component, or one that does not apply to ``model``."""
+    for c in components:
+        if c not in ALL_COMPONENTS:
+            raise InputError(f"splice component must be one of {ALL_COMPONENTS}; got {c!r}")
+    fit = components_for(model)
+    wrong = [c for c in components if c not in fit]
+    if wrong:
+        why = ("it has recurrent-state layers, whose fill takes no kv_hook (K/V splices)" if "state" in fit
+               else "it has no recurrent-state layers")
+        raise InputError(f"splice components {wrong} do not apply to this model ({why}); use {','.join(fit)}")
+
+
+@torch.inference_mode()
+def _prefix_forward(model: torch.nn.Module, ids: Tensor, rows: int):
+    """The ``transformers`` forward of the first ``rows`` rows of ``ids``: ``(cache, hidden_states)``."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    out = model.get_decoder()(input_ids=ids[:, :rows], cache=cache, use_cache=True, output_hidden_states=True)
+    return out.cache, out.hidden_states
+
+
+def exact_states(model: torch.nn.Module, ids: Tensor, rows: int, layers: Iterable[int]) -> dict[int, tuple[Tensor, Tensor]]:
+    """``{l: (conv [batch, conv_dim, kernel], delta-rule [batch, value_heads, key_dim, value_dim])}``:
+    the exact states of recurrent ``layers`` after the first ``rows`` rows of ``ids`` ``[batch, N]``
+    int64, from the ``transformers`` forward of those rows (the states the exact rows of a fill with
+    ``rows`` filled rows would start from if the fill were exact).
+
+    Raises:
+        InputError: ``rows`` not in ``1..N``, or a layer without a recurrent state.
+    """
+    from ..adapters import adapter_for
+
+    layers = list(layers)
+    ad = adapter_for(model)
+    if not 1 <= rows <= ids.shape[1]:
+        raise InputError(f"exact_states needs 1..{ids.shape[1]} rows; got {rows}")
+    if any(not ad.is_recurrent(l) for l in layers):
+        raise InputError(f"layers {[l for l in layers if not ad.is_recurrent(l)]} have no recurrent state; "
+                         f"recurrent: {list(ad.recurrent_layers)}")
+    cache, _ = _prefix_forward(model, ids, rows)
+    return {l: (cache.layers[l].conv_states[0], cache.layers[l].recurrent_states[0]) for l in layers}
+
+
+def _rel(a: Tensor, b: Tensor) -> float:
+    """``‖a − b‖ / ‖b‖`` (Frobenius, float64)."""
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+@torch.inference_mode()
+def state_errors(model: torch.nn.Module, ids: Tensor, *, tail: int, mode: str, maps=None, split: int | None = None,
+                 exact=None) -> dict[int, dict[str, float]]:
+    """Exact state vs filled state in each late recurrent layer of a hybrid model.
+
+    Args:
+        ids: ``[batch, N]`` int64 prompt; ``tail``, ``mode`` (``"ridge"`` with ``maps`` or
+            ``"identity"`` with ``split``): the fill, as for :func:`ridgefill.fill.prefill`.
+        exact: the exact :class:`~ridgefill.fill.PrefillResult` of ``ids`` (computed when ``None``).
+
+    Returns:
+        ``{l: {"conv_after_filled", "recurrent_after_filled", "conv_prompt_end",
+        "recurrent_prompt_end"}}``: relative Frobenius errors ``‖S_fill − S_exact‖ / ‖S_exact‖`` of the
+        conv and delta-rule states after the filled rows (the fill's state from the predicted inputs,
+        :meth:`~ridgefill.adapters.HybridAdapter.advance_state`, against the ``transformers`` forward
+        of the filled rows) and after the whole prompt (the states in the two prefills' caches); the
+        ``after_filled`` entries are absent when there are no filled rows. ``{}`` when no late layer
+        is recurrent.
+
+    Raises:
+        InputError: a mode other than ``ridge``/``identity``, ridge without maps, identity without split.
+    """
+    from ..adapters import adapter_for
+    from ..fill import predict_inputs, prefill
+
+    if mode not in ("ridge", "identity") or (mode == "ridge" and maps is None) or (mode == "identity" and split is None):
+        raise InputError("state_errors needs mode 'ridge' with maps or 'identity' with a split")
+    split = maps.split if mode == "ridge" else split
+    ad = adapter_for(model)
+    late = [l for l in ad.recurrent_layers if l > split]
+    if not late:
+        return {}
+    n = ids.shape[1]
+    res = prefill(model, ids, maps if mode == "ridge" else None, tail=tail, mode=mode, split=split)
+    if exact is None:
+        exact = prefill(model, ids, tail=n, mode="exact")
+    out = {}
+    for l in late:
+        a, b = res.cache.layers[l], exact.cache.layers[l]
+        out[l] = {"conv_prompt_end": _rel(a.conv_states[0], b.conv_states[0]),
+                  "recurrent_prompt_end": _rel(a.recurrent_states[0], b.recurrent_states[0])}
+    if n - tail:
+        cache, hidden = _prefix_forward(model, ids, n - tail)
+        h = hidden[split + 1]  # h_S of the filled rows
+        m = maps.to(dtype=h.dtype, device=h.device) if mode == "ridge" else None
+        for l in late:
+            state = ad.new_state()
+            ad.advance_state(l, h if m is None else predict_inputs(h, *m.layer(l)), state)
+            out[l]["conv_after_filled"] = _rel(state.layers[l].conv_states[0], cache.layers[l].conv_states[0])
+            out[l]["recurrent_after_filled"] = _rel(state.layers[l].recurrent_states[0],
+                                                    cache.layers[l].recurrent_states[0])
+    return out
 
 
 def exact_kv(cache, layers: Iterable[int]) -> dict[int, tuple[Tensor, Tensor]]:
@@ -91,30 +221,49 @@ def splice_hook(exact: Mapping[int, tuple[Tensor, Tensor]], component: str,
 
 
 def splice_variants(model: torch.nn.Module, maps_by_split: Mapping[int, object], *, tail: int, mode: str = "ridge",
-                    components: Sequence[str] = COMPONENTS, layers: Iterable[int] | None = None) -> dict:
+                    components: Sequence[str] | None = None, layers: Iterable[int] | None = None) -> dict:
     """``{"<S>/<mode>+<component>": fn(doc, exact) -> nll [T]}`` for
     :func:`ridgefill.evaluate.loss.score_documents`, which passes each document's exact
     :class:`ridgefill.fill.PrefillResult` (whose cache supplies the exact K/V); each ``fn`` runs one
-    spliced fill prefill.
+    spliced fill prefill. ``components``: default :func:`components_for` the model; ``state`` splices
+    the exact recurrent state after the filled rows (:func:`exact_states`) into the late recurrent
+    layers (or those in ``layers``).
+
+    Raises:
+        InputError: a mode other than ``ridge``/``identity``, ridge without maps, or a component that
+            is unknown or does not apply to the model.
     """
+    from ..adapters import adapter_for
     from .loss import tail_nll
 
     if mode not in ("ridge", "identity"):
         raise InputError(f"splice needs a fill that predicts K/V: mode 'ridge' or 'identity', not {mode!r}")
-    for c in components:
-        if c not in COMPONENTS:
-            raise InputError(f"splice component must be one of {COMPONENTS}; got {c!r}")
+    components = components_for(model) if components is None else tuple(components)
+    check_components(model, components)
+    ad = adapter_for(model)
     L = model.config.num_hidden_layers
+    chosen = None if layers is None else set(layers)
     out = {}
     for split, maps in maps_by_split.items():
         if mode == "ridge" and maps is None:
             raise InputError(f"splice in mode 'ridge' at split {split} needs maps")
-        late = list(range(split + 1, L))
+        late = [l for l in range(split + 1, L) if not ad.is_recurrent(l)]  # layers with K/V
         for comp in components:
-            def fn(doc, exact, s=split, mp=maps, c=comp, late=late):
-                hook = splice_hook(exact_kv(exact.cache, late), c, layers)
-                return tail_nll(model, doc, tail=tail, mode=mode, maps=mp if mode == "ridge" else None,
-                                split=s, kv_hook=hook)[0]
+            if comp == "state":
+                rec = [l for l in ad.recurrent_layers if l > split and (chosen is None or l in chosen)]
+
+                def fn(doc, exact, s=split, mp=maps, rec=rec):
+                    ids = doc[None, :-1].to(next(model.parameters()).device)
+                    rows = ids.shape[1] - tail
+                    states = exact_states(model, ids, rows, rec) if rows > 0 and rec else {}
+                    with ad.spliced_states(states):
+                        return tail_nll(model, doc, tail=tail, mode=mode, maps=mp if mode == "ridge" else None,
+                                        split=s)[0]
+            else:
+                def fn(doc, exact, s=split, mp=maps, c=comp, late=late):
+                    hook = None if c == "fill" else splice_hook(exact_kv(exact.cache, late), c, layers)
+                    return tail_nll(model, doc, tail=tail, mode=mode, maps=mp if mode == "ridge" else None,
+                                    split=s, kv_hook=hook)[0]
             out[f"{split}/{mode}+{comp}"] = fn
     return out
 
