@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
-    from ridgefill.maps import RidgeMaps, load_maps, load_stats, stats_path
+    from ridgefill.maps import RidgeMaps, calibration_cov, load_maps, load_stats, stats_path
     from ridgefill.overlap import Fingerprint
     from ridgefill.ridge import fit_maps
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                                                       hashes[hashes % np.uint64(sample) == 0]).to_meta()
     mean_h, mean_x = fit.stats.means()
     out = RidgeMaps(splits.pop(), fit.weights.float(), fit.biases.float(), fit.lambdas, meta, fit.stats,
-                    mean_h=mean_h.float(), mean_x=mean_x.float())
+                    mean_h=mean_h.float(), mean_x=mean_x.float(), cov_h=calibration_cov(fit.stats).float())
     out.save(a.out)
     print(f"wrote {a.out}: {fit.stats.count} rows from {len(a.inputs)} maps files, λ per layer "
           f"{[f'{v:.3g}' for v in fit.lambdas]}")
