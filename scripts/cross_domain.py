@@ -24,6 +24,7 @@ the same settings reuses them, so maps files can be added one by one.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tau", type=float, default=1.0)
     ap.add_argument("--resamples", type=int, default=10000)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--select", action="store_true", help="also score the ridge fill with the default query-aware "
+                    "row selection (ridge+sel@NAME)")
     ap.add_argument("--reference", default="ridge@novels", help="fill the paired differences are taken against "
                     "(all exact-row tokens; default ridge@novels, the bundled calibration's domain)")
     ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
@@ -60,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from ridgefill.maps import load_maps, maps_digest
     from ridgefill.overlap import check_disjoint, text_fingerprint
     from ridgefill.run import evaluation_plan
+    from ridgefill.select import DEFAULT_SELECT
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -96,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "text_sha256": m.meta.get("text_sha256"),
                                 "calibration_texts": m.meta.get("calibration_texts")} for k, m in maps.items()},
               "domains": {}}
+    fills = [("ridge", None)] + ([("ridge+sel", DEFAULT_SELECT)] if a.select else [])
     base = {"docs": a.docs, "doc_tokens": a.doc_tokens, "tail": a.tail, "window": a.window}
     say = lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", flush=True)
     for dom in a.domains:
@@ -114,19 +119,20 @@ def main(argv: list[str] | None = None) -> int:
             recs = score_documents(model, docs, [dom] * len(docs), tail=a.tail, window=a.window, variants=fns,
                                    prefix_tokens=len(special_prefix(tok)), progress=lambda m: say(f"{dom}: {m}"))
             write_json(cache, {"settings": base, "records": [asdict(r) for r in recs]})
-        for k, m in maps.items():  # the ridge fill with each maps file, cached per (domain, maps)
-            cache = a.out.with_name(f"{a.out.stem}.{dom}.ridge@{k}.json")
-            key = {**base, "maps_sha256": maps_digest(m.weights, m.biases)}
+        for (k, m), (fill, sel) in itertools.product(maps.items(), fills):  # cached per (domain, fill, maps)
+            cache = a.out.with_name(f"{a.out.stem}.{dom}.{fill}@{k}.json")
+            key = {**base, "maps_sha256": maps_digest(m.weights, m.biases), **({"select": str(sel)} if sel else {})}
             saved = json.loads(cache.read_text()) if cache.exists() else None
             if not (saved and saved["settings"] == key):
                 nll = []
                 for i, doc in enumerate(docs):
-                    nll.append(tail_nll(model, doc, tail=a.tail, mode="ridge", maps=m, split=split)[0].tolist())
-                    say(f"{dom}: ridge@{k} document {i + 1}/{len(docs)}")
+                    nll.append(tail_nll(model, doc, tail=a.tail, mode="ridge", maps=m, split=split,
+                                        select=sel)[0].tolist())
+                    say(f"{dom}: {fill}@{k} document {i + 1}/{len(docs)}")
                 saved = {"settings": key, "nll": nll}
                 write_json(cache, saved)
             for r, v in zip(recs, saved["nll"]):
-                r.fill[f"ridge@{k}"] = v
+                r.fill[f"{fill}@{k}"] = v
         paired = {}
         if a.reference in {f"ridge@{k}" for k in maps} and len(maps) > 1:  # each fill minus the reference fill
             for v in recs[0].fill:
@@ -150,7 +156,7 @@ def markdown(report: dict) -> str:
         for dom, d in report["domains"].items():
             rows = {r["variant"]: r for r in d["summary"] if r["set"] == dom and r["tokens"] == cls}
             if cols is None:
-                cols = [v for v in rows if v.startswith("ridge@")] + ["identity", "none"]
+                cols = [v for v in rows if v.startswith("ridge")] + ["identity", "none"]
                 out += [f"**{'All exact-row tokens' if cls == 'all' else 'Key tokens'}** (ΔNLL vs exact, nats/token, "
                         "[95 % CI over documents])", "",
                         "| evaluated on | tokens | exact NLL | " + " | ".join(c.replace("ridge@", "ridge, maps: ")
