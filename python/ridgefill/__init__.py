@@ -6,7 +6,7 @@ Public entry points: :func:`prefill` (the fill prefill and its baselines), :func
 """
 
 from .errors import (AssetError, InputError, MapsFormatError, MapsMismatchError, NonFiniteError,
-                     RidgeFillError, SingularGramError, UnsupportedModelError)
+                     OverlapError, RidgeFillError, SingularGramError, UnsupportedModelError)
 from .fill import MODES, PrefillResult, exact_positions, generate_after, predict_inputs, prefill
 from .maps import RidgeMaps, load_maps
 from .ridge import RidgeStats, fit_maps, solve_ridge
@@ -14,6 +14,6 @@ from .ridge import RidgeStats, fit_maps, solve_ridge
 __version__ = "0.1.0"
 
 __all__ = ["MODES", "AssetError", "InputError", "MapsFormatError", "MapsMismatchError", "NonFiniteError",
-           "PrefillResult", "RidgeFillError", "RidgeMaps", "RidgeStats", "SingularGramError",
+           "OverlapError", "PrefillResult", "RidgeFillError", "RidgeMaps", "RidgeStats", "SingularGramError",
            "UnsupportedModelError", "exact_positions", "fit_maps", "generate_after", "load_maps",
            "predict_inputs", "prefill", "solve_ridge"]

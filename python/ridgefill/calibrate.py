@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from .adapters import adapter_for
 from .errors import InputError
 from .checkpoint import chunks_digest, load_checkpoint, save_checkpoint
+from .overlap import fingerprint, sample_for
 from .maps import RidgeMaps, calibration_cov, model_hash, model_provenance, weight_fingerprint
 from .validate import check_int, check_real
 from .ridge import RidgeStats, fit_maps
@@ -57,16 +58,27 @@ def calibration_chunks(tokenizer, texts: Sequence[str] | Mapping[str, str], toke
     Each text is tokenized on its own and cut into whole chunks, each starting with the tokenizer's
     special prefix (:func:`special_prefix`: Gemma's ``<bos>``; none for SmolLM2); chunks are then
     taken round-robin across texts, evenly spaced within each, until ``tokens`` tokens (all whole
-    chunks if ``None``).
+    chunks if ``None``). See :func:`calibration_plan` for which text each chunk came from.
 
     Raises:
         InputError: no text, a text too short for one chunk, ``chunk < 2``, or fewer tokens available
             than requested (nothing is silently truncated: lower ``tokens`` or add text).
     """
+    return calibration_plan(tokenizer, texts, tokens, chunk)[0]
+
+
+def calibration_plan(tokenizer, texts: Sequence[str] | Mapping[str, str], tokens: int | None,
+                     chunk: int) -> tuple[list[Tensor], list[dict]]:
+    """:func:`calibration_chunks` and a record of each non-empty text: ``{"name", "sha256",
+    "characters", "text_tokens", "calibration_tokens"}`` (its key in a mapping, else ``"text <i>"``;
+    SHA-256 of its UTF-8 bytes; its token count; the tokens of it in the chunks). Raises as
+    :func:`calibration_chunks`."""
     if isinstance(texts, Mapping):
-        texts = list(texts.values())
-    texts = [t for t in texts if t and t.strip()]
-    if not texts:
+        named = [(str(k), t) for k, t in texts.items()]
+    else:
+        named = [(f"text {i + 1}", t) for i, t in enumerate(texts)]
+    named = [(k, t) for k, t in named if t and t.strip()]
+    if not named:
         raise InputError("the calibration text is empty: give at least one non-empty text")
     if chunk < 2:
         raise InputError(f"chunk={chunk} tokens is too short; use at least 2 (1024 is typical)")
@@ -74,10 +86,12 @@ def calibration_chunks(tokenizer, texts: Sequence[str] | Mapping[str, str], toke
     body = chunk - bos.numel()  # text tokens per chunk, after the special prefix
     if body < 1:
         raise InputError(f"chunk={chunk} tokens leaves no room for text after the tokenizer's special prefix")
-    per_text = []
-    for t in texts:
+    per_text, records = [], []
+    for name, t in named:
         ids = torch.tensor(tokenizer(t, add_special_tokens=False)["input_ids"], dtype=torch.long)
         per_text.append([torch.cat([bos, c]) for c in ids[: ids.numel() // body * body].view(-1, body)])
+        records.append({"name": name, "sha256": hashlib.sha256(t.encode("utf-8")).hexdigest(),
+                        "characters": len(t), "text_tokens": int(ids.numel())})
     available = sum(len(c) for c in per_text) * chunk
     if available == 0:
         raise InputError(f"the calibration text has fewer than chunk={chunk} tokens; add text or lower chunk")
@@ -97,10 +111,12 @@ def calibration_chunks(tokenizer, texts: Sequence[str] | Mapping[str, str], toke
     for chunks, c in zip(per_text, counts):
         idx = torch.linspace(0, len(chunks) - 1, c).round().long().unique() if c else []
         picked.append([chunks[j] for j in idx])
+    for rec, p in zip(records, picked):
+        rec["calibration_tokens"] = len(p) * body
     out = []
     for j in range(max(counts)):
         out.extend(p[j] for p in picked if j < len(p))
-    return out
+    return out, records
 
 
 @torch.inference_mode()
@@ -269,7 +285,10 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
             check_real(v, "every λ in the list", lo=0.0)
     elif lam != "auto":
         check_real(lam, "λ", lo=0.0, hint="or 'auto' (per layer, by held-out error)")
-    chunks = calibration_chunks(tokenizer, text_list, tokens, chunk)
+    chunks, sources = calibration_plan(tokenizer, texts, tokens, chunk)
+    prefix = len(special_prefix(tokenizer))
+    runs = [c[prefix:] for c in chunks]  # the calibration tokens, for the evaluation commands' overlap check
+    fp = fingerprint(runs, sample=sample_for(sum(r.numel() for r in runs))).to_meta()
     if lam == "auto" and len(chunks) < 2:
         raise InputError("λ='auto' needs at least 2 chunks (one held out); calibrate on more tokens or give λ")
     # hold out every heldout_every-th chunk (at least one when there are two or more chunks)
@@ -283,7 +302,8 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
         meta = {"model_name": model_name, **provenance, "calibration_tokens": fit.count + held.count,
                 "heldout_tokens": held.count, "chunk": chunk, "text_sha256": text_hash(text_list),
                 "lambda_spec": str(lam), "heldout_rel_error": result.heldout_rel_error,
-                "heldout_rel_error_identity": result.heldout_rel_error_identity, "kind": targets}
+                "heldout_rel_error_identity": result.heldout_rel_error_identity, "kind": targets,
+                "calibration_texts": sources, "calibration_fingerprint": fp}
         inputs = targets == "inputs"
         mean_h, mean_x = result.stats.means() if inputs else (None, None)
         out[split] = RidgeMaps(split, result.weights.float(), result.biases.float(), result.lambdas, meta,

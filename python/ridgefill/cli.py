@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 'on')")
     p.add_argument("--needle-trials", type=int, default=d.needle_trials,
                    help=f"filled-region single-needle prompts per system (default {d.needle_trials}; 0: no needle column)")
+    p.add_argument("--text", nargs="+", action="extend", default=None, metavar="FILE",
+                   help="UTF-8 text files to evaluate on (documents and needle haystack) instead of the bundled "
+                        "evaluation novels; documents overlapping the maps' calibration text are refused")
 
     p = sub.add_parser("calibrate", help="fit maps on calibration text and save them")
     _model_args(p)
@@ -83,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=d.calib_tokens, help="calibration tokens (0: all of the text)")
     p.add_argument("--chunk", type=int, default=d.chunk)
     p.add_argument("--lam", type=parse_lam, default="auto")
-    p.add_argument("--text", action="append", default=None,
-                   help="a UTF-8 text file to calibrate on (repeatable; default: the bundled calibration novels)")
+    p.add_argument("--text", nargs="+", action="extend", default=None, metavar="FILE",
+                   help="UTF-8 text files to calibrate on (default: the bundled calibration novels); each must "
+                        "hold at least one chunk; the maps record their names, token counts and SHA-256")
     p.add_argument("--targets", default="inputs", choices=["inputs", "kv"],
                    help="what the maps predict from h_S: each late layer's input (default) or its pre-RoPE "
                         "keys and values (K/V maps)")
@@ -115,24 +119,16 @@ def _cmd_run(a) -> None:
     cfg = RunConfig(model=a.model, split=a.split, tail=a.tail, calib_tokens=a.calib_tokens, chunk=a.chunk,
                     lam=a.lam, docs=a.docs, doc_tokens=a.doc_tokens, gen_tokens=a.gen_tokens,
                     repeats=a.repeats, out=a.out, maps=a.maps, threads=a.threads, select=a.select,
-                    needle_trials=a.needle_trials)
+                    needle_trials=a.needle_trials, texts=tuple(a.text or ()))
     report = run(cfg)
     print(format_table(report))
     print(f"report: {Path(cfg.out) / 'report.json'}   maps: {report['maps_path']}")
 
 
 def _read_text(path: str) -> str:
-    from .errors import InputError
+    from .usertext import read_text_file
 
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"text file {path!r} does not exist")
-    try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"text file {path!r} is not UTF-8 text ({e}); convert it to UTF-8") from None
-    except OSError as e:
-        raise InputError(f"cannot read text file {path!r}: {e}") from None
+    return read_text_file(path)
 
 
 def _cmd_calibrate(a) -> None:
@@ -151,7 +147,16 @@ def _cmd_calibrate(a) -> None:
         raise InputError(f"--out {a.out!r}: its folder cannot be created ({e}); choose a writable path") from e
     model, tok, name = load_model(a.model)
     if a.text:
-        texts = {t: _read_text(t) for t in a.text}
+        from .calibrate import special_prefix
+        from .usertext import read_text_files
+
+        texts = read_text_files(a.text)
+        body = a.chunk - len(special_prefix(tok))
+        for path, text in texts.items():  # a file shorter than one chunk would add nothing, silently
+            n = len(tok(text, add_special_tokens=False)["input_ids"])
+            if n < body:
+                raise InputError(f"text file {path!r} has {n} tokens, fewer than one calibration chunk "
+                                 f"({body} text tokens with --chunk {a.chunk}): give more text or lower --chunk")
     else:
         all_texts = load_texts()
         texts = {k: all_texts[k] for k in CALIBRATION_BOOKS}
@@ -162,8 +167,11 @@ def _cmd_calibrate(a) -> None:
                      model_name=name, targets=a.targets, checkpoint=ckpt)
     maps.save(a.out)
     ckpt.unlink(missing_ok=True)
+    from .overlap import calibration_label
+
     print(f"wrote {a.out}: S={maps.split}, {maps.meta['calibration_tokens']} tokens, "
           f"λ per layer {[f'{v:.3g}' for v in maps.lambdas]}")
+    print(f"calibrated on: {calibration_label(maps.meta)}")
     if maps.meta.get("heldout_rel_error"):
         print("held-out relative error  ridge:    " + " ".join(f"{v:.3f}" for v in maps.meta["heldout_rel_error"]))
         if maps.kind == "inputs":

@@ -38,3 +38,8 @@ class NonFiniteError(RidgeFillError, FloatingPointError):
 class SingularGramError(RidgeFillError, ValueError):
     """The regularised Gram matrix ``G + λI`` is not positive definite (e.g. ``λ <= 0`` with a
     singular Gram), so the closed-form ridge solve has no unique solution."""
+
+
+class OverlapError(RidgeFillError, ValueError):
+    """Evaluation text overlaps the text the maps were calibrated on (a shared run of tokens): the
+    measurement would score memorised calibration text. Evaluate on other text or refit the maps."""

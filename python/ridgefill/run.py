@@ -1,5 +1,7 @@
 """The main job: calibrate maps for a model, then compare exact, RidgeFill, identity and no fill on
-held-out long documents (``ridgefill run``).
+held-out long documents (``ridgefill run``): the bundled evaluation novels, or the user's own text files
+(``--text``, :attr:`RunConfig.texts`), which must not overlap the maps' calibration text
+(:func:`check_evaluation_text`).
 
 Per evaluation document of ``doc_tokens + 1`` tokens the prompt is its first ``doc_tokens`` tokens;
 the last ``tail`` rows are exact. Reported per mode:
@@ -40,6 +42,8 @@ from .fileio import write_json
 from .fill import MODES, generate_after, prefill
 from .select import DEFAULT_SELECT, Select
 from .maps import RidgeMaps, attach_stats, load_maps
+from .overlap import calibration_label, check_disjoint, maps_fingerprint
+from .usertext import read_text_files
 
 
 @dataclass
@@ -64,6 +68,7 @@ class RunConfig:
     select: Select | None = DEFAULT_SELECT
     needle_trials: int = 4
     needle_tail: int = 64
+    texts: tuple[str, ...] = ()  # evaluation text files (--text); empty: the bundled evaluation novels
 
     def systems(self) -> list[tuple[str, str, Select | None]]:
         """``(name, mode, select)`` of every system the job compares: the modes, then ``ridge+sel``."""
@@ -78,22 +83,43 @@ def evaluation_documents(tokenizer, texts: dict[str, str], docs: int, doc_tokens
     """``docs`` documents of ``doc_tokens + 1`` tokens: the tokenizer's special prefix
     (:func:`ridgefill.calibrate.special_prefix`, Gemma's ``<bos>``; none for SmolLM2), then consecutive
     text tokens, evenly spaced over the given texts (round-robin across texts). Raises
-    :class:`InputError` if the texts are too short."""
+    :class:`InputError` if a text is too short for its share (nothing is truncated). See
+    :func:`evaluation_plan` for where each document comes from."""
+    return evaluation_plan(tokenizer, texts, docs, doc_tokens)[0]
+
+
+def evaluation_plan(tokenizer, texts: dict[str, str], docs: int, doc_tokens: int
+                    ) -> tuple[list[torch.Tensor], list[str]]:
+    """:func:`evaluation_documents` and a label for each document naming its text and token span
+    (``"document 2 ('notes.txt', tokens 2048-4096)"``), for messages.
+
+    Raises:
+        InputError: no text, ``docs < 1``, or a text with room for fewer documents than its share
+            (the message names the text, its length and what to change).
+    """
+    if not texts:
+        raise InputError("no evaluation text: give at least one text")
+    if docs < 1:
+        raise InputError(f"--docs {docs} must be at least 1")
     bos = torch.tensor(special_prefix(tokenizer), dtype=torch.long)
+    names = list(texts)
     streams = [torch.tensor(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts.values()]
     need = doc_tokens + 1 - bos.numel()
     per = [0] * len(streams)
     for i in range(docs):
         per[i % len(streams)] += 1
-    out: list[list[torch.Tensor]] = []
-    for ids, k in zip(streams, per):
+    out: list[list[tuple[torch.Tensor, str]]] = []
+    for name, ids, k in zip(names, streams, per):
         room = ids.numel() // need
         if k > room:
-            raise InputError(f"the evaluation text has room for {room} documents of {need} tokens in one book "
-                             f"but {k} were asked; lower --docs or --doc-tokens")
+            share = "" if len(streams) == 1 else " (documents are spread round-robin over the texts)"
+            raise InputError(f"the evaluation text {name!r} has {ids.numel()} tokens: room for {room} documents "
+                             f"of {need} tokens but {k} were asked of it{share}; lower --docs or --doc-tokens, "
+                             "or give a longer text")
         starts = torch.linspace(0, ids.numel() - need, k).long().tolist() if k else []
-        out.append([torch.cat([bos, ids[s: s + need]]) for s in starts])
-    return [d for j in range(max(per)) for lst in out if j < len(lst) for d in [lst[j]]]
+        out.append([(torch.cat([bos, ids[s: s + need]]), f"{name!r}, tokens {s}-{s + need}") for s in starts])
+    pairs = [d for j in range(max(per)) for lst in out if j < len(lst) for d in [lst[j]]]
+    return [d for d, _ in pairs], [f"document {i + 1} ({where})" for i, (_, where) in enumerate(pairs)]
 
 
 def exact_row_nll(logits: torch.Tensor, doc: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -149,6 +175,32 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
     return maps, path, True
 
 
+def check_evaluation_text(maps: RidgeMaps | None, tokenizer, docs: list[torch.Tensor], labels: list[str],
+                          haystacks: dict[str, str], *, user_text: bool) -> None:
+    """Refuse evaluation documents (and needle haystack texts) that overlap the text ``maps`` were
+    calibrated on (:func:`ridgefill.overlap.check_disjoint`, against the maps' recorded fingerprint,
+    :func:`ridgefill.overlap.maps_fingerprint`).
+
+    Args:
+        docs, labels: the evaluation documents (each starting with the special prefix) and their labels.
+        haystacks: ``{name: text}`` whose whole token streams are checked too (needle prose).
+        user_text: the text is the user's (``--text``): maps that cannot be checked are refused.
+
+    Raises:
+        OverlapError: an overlap, or unverifiable maps with ``user_text``.
+    """
+    if maps is None:
+        return
+    fp = maps_fingerprint(maps, tokenizer, required=user_text)
+    if fp is None:
+        return
+    what = calibration_label(maps.meta)
+    check_disjoint(docs, fp, names=labels, calibration=what, prefix_tokens=len(special_prefix(tokenizer)))
+    for name, text in haystacks.items():
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        check_disjoint([ids], fp, names=[f"needle haystack text {name!r}"], calibration=what)
+
+
 def check_config(cfg: RunConfig) -> None:
     """Reject bad sizes before anything is loaded, calibrated or written. Raises :class:`InputError`."""
     positive = {"--tail": cfg.tail, "--docs": cfg.docs, "--doc-tokens": cfg.doc_tokens,
@@ -167,7 +219,7 @@ def check_config(cfg: RunConfig) -> None:
 
 def run(cfg: RunConfig, progress: bool = True) -> dict:
     """Run the main job and return the report (also written to ``<out>/report.json``)."""
-    from .assets import EVALUATION_BOOKS, load_model, load_texts
+    from .assets import EVALUATION_BOOKS, load_model, load_texts, text_sha256
 
     check_config(cfg)
     if cfg.threads:
@@ -183,12 +235,19 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
         raise InputError(f"--doc-tokens {cfg.doc_tokens} + --gen-tokens {cfg.gen_tokens} exceeds the model's "
                          f"context of {max_pos} tokens")
 
-    texts = load_texts()  # documents first: a bad size fails before any calibration or file write
-    docs = evaluation_documents(tok, {k: texts[k] for k in EVALUATION_BOOKS}, cfg.docs, cfg.doc_tokens)
+    # documents first: a bad size or a short file fails before any calibration or file write
+    if cfg.texts:
+        eval_texts = read_text_files(cfg.texts)
+    else:
+        books = load_texts()
+        eval_texts = {k: books[k] for k in EVALUATION_BOOKS}
+    docs, labels = evaluation_plan(tok, eval_texts, cfg.docs, cfg.doc_tokens)
 
     t0 = time.perf_counter()
     maps, maps_path, fresh = get_maps(model, tok, model_name, cfg, progress)
     calib_s = time.perf_counter() - t0
+    check_evaluation_text(maps, tok, docs, labels, eval_texts if cfg.needle_trials else {},
+                          user_text=bool(cfg.texts))
     systems = cfg.systems()
     names = [name for name, _, _ in systems]
     nll = {m: [] for m in names}
@@ -213,7 +272,7 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
             same = (conts[name] == conts["exact"]).double()
             agree[name].append(float(same.mean()))
             prefix[name].append(int(same.cumprod(0).sum()))
-    needle = _needle_column(model, tok, maps, cfg, systems, texts, bar)
+    needle = _needle_column(model, tok, maps, cfg, systems, eval_texts, bar)
     # timing: warm-up, then repeats with every system interleaved, on the first document
     ids = docs[0][None, :-1]
     for _, mode, sel in systems:
@@ -243,7 +302,10 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
         "model": model_name, "model_hash": maps.meta.get("model_hash"), "num_layers": L, "split": cfg.split,
         "tail": cfg.tail, "doc_tokens": cfg.doc_tokens, "documents": len(docs),
         "scored_tokens_per_mode": len(docs) * cfg.tail, "gen_tokens": cfg.gen_tokens, "repeats": cfg.repeats,
-        "evaluation_books": list(EVALUATION_BOOKS), "maps_path": str(maps_path),
+        "evaluation_books": [] if cfg.texts else list(EVALUATION_BOOKS),
+        "evaluation_texts": [{"name": k, "sha256": text_sha256(t), "characters": len(t)} for k, t in eval_texts.items()],
+        "calibrated_on": calibration_label(maps.meta), "calibration_texts": maps.meta.get("calibration_texts"),
+        "maps_path": str(maps_path),
         "calibrated_this_run": fresh, "calibration_seconds": calib_s,
         "calibration_tokens": maps.meta.get("calibration_tokens"),
         "heldout_tokens": maps.meta.get("heldout_tokens"), "lambda_spec": maps.meta.get("lambda_spec"),
@@ -262,13 +324,13 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
 
 def _needle_column(model, tok, maps, cfg: RunConfig, systems, texts, bar) -> dict[str, float]:
     """Percent of ``cfg.needle_trials`` single-needle prompts (``doc_tokens`` tokens, needle at evenly
-    spread depths of the filled rows, ``cfg.needle_tail`` exact rows) each system answers."""
-    from .assets import EVALUATION_BOOKS
+    spread depths of the filled rows, ``cfg.needle_tail`` exact rows; haystack: the evaluation
+    ``texts``) each system answers."""
     from .evaluate.needles import answer_case, case_rng, haystack_sentences, make_case, score_answer
 
     if cfg.needle_trials == 0:
         return {}
-    sentences = haystack_sentences({k: texts[k] for k in EVALUATION_BOOKS})
+    sentences = haystack_sentences(texts)
     hits = {name: 0 for name, _, _ in systems}
     for t in range(cfg.needle_trials):
         case = make_case(tok, sentences, length=cfg.doc_tokens, tail=cfg.needle_tail, variant="single",
@@ -286,6 +348,8 @@ def format_table(report: dict) -> str:
     lines = [f"{report['model']}  S={report['split']}/{report['num_layers']}  tail={report['tail']}  "
              f"docs={report['documents']}x{report['doc_tokens']} tokens  "
              f"calibration={report['calibration_tokens']} tokens  λ={report['lambda_spec']}",
+             f"maps calibrated on: {report.get('calibrated_on', 'unrecorded text')}",
+             "evaluated on: " + ", ".join(t["name"] for t in report.get("evaluation_texts", [])),
              f"{'mode':<10}{'NLL':>8}{'ΔNLL':>9}{'agree':>8}{'prefix':>8}{'prefill s':>11}{'exact/mode':>12}"
              f"{'extra rows':>12}{'needle':>8}"]
     for mode, r in report["modes"].items():

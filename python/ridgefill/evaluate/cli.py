@@ -72,6 +72,11 @@ def _common(p: argparse.ArgumentParser, json_default: str) -> None:
     p.add_argument("--chunk", type=int, default=1024, help="calibration chunk length (default 1024)")
     p.add_argument("--lam", type=parse_lam, default="auto", help="ridge λ for maps fitted here: a number or 'auto' (default)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--maps", default=None, metavar="FILE", help="a maps file to evaluate (its split must be the "
+                   "one asked); default: fit or reuse <out>/maps-S<S>.safetensors on the bundled calibration novels")
+    p.add_argument("--text", nargs="+", action="extend", default=None, metavar="FILE",
+                   help="UTF-8 text files to evaluate on (documents, needle haystack) instead of the bundled "
+                        "evaluation novels; documents overlapping the maps' calibration text are refused")
 
 
 def _loss_args(p: argparse.ArgumentParser, docs: int, novel: int) -> None:
@@ -185,6 +190,16 @@ def _maps(a, model, tok, name, splits, needed: bool):
 
     if not needed:
         return {s: None for s in splits}
+    if a.maps:  # the user's maps file, at its own split
+        from ..maps import attach_stats, load_maps
+
+        maps = attach_stats(load_maps(a.maps), a.maps)
+        if list(splits) != [maps.split]:
+            raise InputError(f"--maps {a.maps!r} is fitted at split S={maps.split}, but the splits asked are "
+                             f"{list(splits)}; pass --splits {maps.split} (eval depth: a matching --depths), or "
+                             "leave --maps out to fit maps in --out")
+        maps.check_model(model, maps.split)
+        return {maps.split: maps}
     return maps_for_splits(model, tok, name, splits, out=a.out, calib_tokens=a.calib_tokens, chunk=a.chunk,
                            lam=a.lam, progress=not a.quiet)
 
@@ -200,10 +215,13 @@ def _header(a, name, model, kind: str) -> dict:
 
 
 def _maps_meta(maps_by_split) -> dict:
+    from ..overlap import calibration_label
+
     return {str(s): None if m is None else {"calibration_tokens": m.meta.get("calibration_tokens"),
                                             "lambda_spec": m.meta.get("lambda_spec"), "lambdas": m.lambdas,
                                             "heldout_rel_error": m.meta.get("heldout_rel_error"),
-                                            "heldout_rel_error_identity": m.meta.get("heldout_rel_error_identity")}
+                                            "heldout_rel_error_identity": m.meta.get("heldout_rel_error_identity"),
+                                            "calibrated_on": calibration_label(m.meta)}
             for s, m in maps_by_split.items()}
 
 
@@ -217,31 +235,65 @@ def _finish(a, report: dict, t0: float, default: str) -> None:
     print(f"wrote {path} ({report['wall_seconds']:.0f} s)")
 
 
-def _documents(a, tok):
+def _eval_texts(a) -> dict[str, str]:
+    """``{name: text}`` to evaluate on: the ``--text`` files, else the bundled evaluation novels."""
     from ..assets import EVALUATION_BOOKS, load_texts
-    from ..run import evaluation_documents
+    from ..usertext import read_text_files
+
+    if a.text:
+        return read_text_files(a.text)
+    books = load_texts()
+    return {k: books[k] for k in EVALUATION_BOOKS}
+
+
+def _source(a) -> str:
+    from ..assets import EVALUATION_BOOKS
+
+    return f"text files {list(a.text)}" if a.text else f"evaluation books {list(EVALUATION_BOOKS)}"
+
+
+def _documents(a, tok):
+    """``(documents, set names, labels, info)``: the plain and novel (renamed) evaluation documents."""
+    from ..run import evaluation_plan
     from .loss import novel_documents
 
     if a.tail >= a.doc_tokens:
         raise InputError(f"--tail {a.tail} must be shorter than --doc-tokens {a.doc_tokens}")
     if a.docs < 0 or a.novel_docs < 0 or a.docs + a.novel_docs == 0:
         raise InputError("give at least one document (--docs and/or --novel-docs)")
-    texts = {k: load_texts()[k] for k in EVALUATION_BOOKS}
-    docs, sets = [], []
+    texts = _eval_texts(a)
+    docs, sets, labels = [], [], []
     if a.docs:
-        docs += evaluation_documents(tok, texts, a.docs, a.doc_tokens)
+        plain, where = evaluation_plan(tok, texts, a.docs, a.doc_tokens)
+        docs += plain
+        labels += [f"plain {w}" for w in where]
         sets += ["plain"] * a.docs
     mapping = {}
     if a.novel_docs:
         novel, mapping = novel_documents(tok, texts, a.novel_docs, a.doc_tokens, seed=a.seed)
         docs += novel
+        labels += [f"novel-text document {i + 1} (renamed from the second half of {list(texts)})"
+                   for i in range(a.novel_docs)]
         sets += ["novel"] * a.novel_docs
-    info = {"plain": {"source": f"evaluation books {list(EVALUATION_BOOKS)}, evenly spaced", "documents": a.docs},
-            "novel": {"source": "the evaluation books with recurring proper names replaced by invented names, "
-                                "from the paragraph nearest each book's middle", "documents": a.novel_docs,
+    info = {"plain": {"source": f"{_source(a)}, evenly spaced", "documents": a.docs},
+            "novel": {"source": f"the {_source(a)} with recurring proper names replaced by invented names, "
+                                "from the paragraph nearest each text's middle", "documents": a.novel_docs,
                       "renamed": {k: len(v) for k, v in mapping.items()},
                       "examples": {k: dict(list(v.items())[:8]) for k, v in mapping.items()}}}
-    return docs, sets, info
+    if a.text:
+        from ..assets import text_sha256
+
+        info["texts"] = [{"name": k, "sha256": text_sha256(t), "characters": len(t)} for k, t in texts.items()]
+    return docs, sets, labels, info
+
+
+def _check_overlap(a, tok, maps_by_split, docs, labels, haystacks: dict[str, str]) -> None:
+    """Refuse documents and needle haystacks that overlap any maps' calibration text
+    (:func:`ridgefill.run.check_evaluation_text`)."""
+    from ..run import check_evaluation_text
+
+    for maps in maps_by_split.values():
+        check_evaluation_text(maps, tok, docs, labels, haystacks, user_text=bool(a.text))
 
 
 def _loss_header(a, model) -> dict:
@@ -269,7 +321,6 @@ def _key_scales(a, model, tok, maps, splits) -> dict:
 
 
 def _cmd_needle(a) -> None:
-    from ..assets import EVALUATION_BOOKS, load_texts
     from .needles import VARIANTS, haystack_sentences, run_needles
 
     t0 = time.perf_counter()
@@ -282,7 +333,9 @@ def _cmd_needle(a) -> None:
     need = {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else []))
     maps = _maps(a, model, tok, name, splits, need or a.splices or a.key_scale_tokens)
     scales = _key_scales(a, model, tok, maps, splits) if a.key_scale_tokens else {}
-    sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
+    texts = _eval_texts(a)
+    _check_overlap(a, tok, maps, [], [], texts)
+    sentences = haystack_sentences(texts)
     res = run_needles(model, tok, sentences, lengths=a.lengths, trials=a.trials, variants=a.variants,
                       modes=a.modes, maps_by_split=maps, splits=splits, tail=a.needle_tail, seed=a.seed,
                       chat=a.chat, max_new_tokens=a.max_new_tokens, splices=a.splices, key_scales=scales,
@@ -291,6 +344,7 @@ def _cmd_needle(a) -> None:
     report.update({"splices": a.splices, "key_scale_tokens": a.key_scale_tokens,
                    "selects": [str(s) for s in selects], "select_modes": a.select_modes,
                    "key_scales": {str(s): v.tolist() for s, v in scales.items()}})
+    report["haystack"] = _source(a)
     report.update({"lengths": a.lengths, "trials_per_cell": a.trials, "variants": a.variants, "modes": a.modes,
                    "splits": splits, "tail": a.needle_tail, "chat": a.chat, "maps": _maps_meta(maps), **res})
     _finish(a, report, t0, "needle.json")
@@ -306,9 +360,10 @@ def _cmd_loss(a) -> None:
     splits = _splits(a, model)
     report = _header(a, name, model, "loss")
     report.update(_loss_header(a, model))
-    docs, sets, info = _documents(a, tok)
+    docs, sets, labels, info = _documents(a, tok)
     selects = [s for s in a.select if s is not None]
     maps = _maps(a, model, tok, name, splits, {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else [])))
+    _check_overlap(a, tok, maps, docs, labels, {})
     recs = score_documents(model, docs, sets, tail=a.tail, window=a.window,
                            variants=fill_variants(model, maps, a.modes, tail=a.tail, selects=selects,
                                                   select_modes=a.select_modes),
@@ -337,9 +392,10 @@ def _cmd_splice(a) -> None:
     splits = _splits(a, model)
     report = _header(a, name, model, "splice")
     report.update(_loss_header(a, model))
-    docs, sets, info = _documents(a, tok)
+    docs, sets, labels, info = _documents(a, tok)
     fixes = bool(a.key_scale_tokens or a.lam_factors)
     maps = _maps(a, model, tok, name, splits, a.mode == "ridge" or fixes)
+    _check_overlap(a, tok, maps, docs, labels, {})
     variants = splice_variants(model, maps, tail=a.tail, mode=a.mode, components=comps)
     scales = _key_scales(a, model, tok, maps, splits) if a.key_scale_tokens else {}
     variants.update(fix_variants(model, maps, tail=a.tail, key_scales=scales, lam_factors=a.lam_factors))
@@ -380,7 +436,6 @@ def _state_errors(a, model, docs, maps, splits) -> dict | None:
 
 
 def _cmd_depth(a) -> None:
-    from ..assets import EVALUATION_BOOKS, load_texts
     from .depth import parse_depth, run_depth, split_for_depth
     from .needles import haystack_sentences
 
@@ -391,10 +446,12 @@ def _cmd_depth(a) -> None:
     splits = [split_for_depth(d, L) for d in depths]
     report = _header(a, name, model, "depth")
     report.update(_loss_header(a, model))
-    docs, sets, info = _documents(a, tok)
+    docs, sets, labels, info = _documents(a, tok)
     selects = [s for s in a.select if s is not None]
     maps = _maps(a, model, tok, name, splits, {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else [])))
-    sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
+    texts = _eval_texts(a) if a.needle_trials else {}
+    _check_overlap(a, tok, maps, docs, labels, texts)
+    sentences = haystack_sentences(texts) if a.needle_trials else []
     res = run_depth(model, tok, maps, docs=docs, sets=sets, sentences=sentences, tail=a.tail, window=a.window,
                     tau=a.tau, needle_length=a.needle_length, needle_trials=a.needle_trials,
                     needle_tail=a.needle_tail, modes=a.modes, seed=a.seed, chat=a.chat, resamples=a.resamples,
