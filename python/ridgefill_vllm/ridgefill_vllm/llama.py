@@ -129,11 +129,20 @@ class RidgeFillLlamaModel(LlamaModel):
 
     def capture_kv_weights(self) -> None:
         """Keep the K/V rows of each late layer's fused QKV weight (and bias): vLLM's CPU build may repack
-        the weights for its GEMM kernels after loading, so they are copied here, right after loading."""
+        the weights for its GEMM kernels after loading, so they are copied right after loading (or, with
+        ``load_format="dummy"``, which skips ``load_weights``, at the first fill step).
+
+        Raises:
+            InputError: the QKV weights were already repacked (CPU build with ``load_format="dummy"``).
+        """
         self._kv = []
         for i in self.late:
             attn = self.layers[i].self_attn
-            w = attn.qkv_proj.weight[attn.q_size:].detach().clone()  # [2·kv_size (this rank), d]
+            w = attn.qkv_proj.weight
+            if w.ndim != 2 or w.shape[0] != attn.q_size + 2 * attn.kv_size:
+                raise InputError("the late layers' QKV weights were repacked before RidgeFill could copy their K/V "
+                                 "rows; load real weights (not load_format='dummy') on this platform")
+            w = w[attn.q_size:].detach().clone()  # [2·kv_size (this rank), d]
             bias = getattr(attn.qkv_proj, "bias", None)
             self._kv.append((w, None if bias is None else bias[attn.q_size:].detach().clone()))
 
@@ -166,6 +175,8 @@ class RidgeFillLlamaModel(LlamaModel):
         residual = None
         for layer in islice(self.layers, 0, self.split + 1):
             hidden, residual = layer(positions, hidden, residual)
+        if not self._kv:
+            self.capture_kv_weights()
         h = hidden + residual if residual is not None else hidden  # h_S, the input of layer S+1: [tokens, d]
         h_f, pos_f = h[plan.filled], positions[plan.filled]
         x, pos_e, residual = h[plan.exact], positions[plan.exact], None
