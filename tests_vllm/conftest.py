@@ -48,12 +48,13 @@ def reference(work_dir) -> dict:
     return json.loads(out.read_text())
 
 
-def run_engine(work_dir: Path, name: str, spec: dict) -> dict:
-    """Run ``tests_vllm/run_engine.py`` on ``spec`` in a fresh process (its output is cached under ``name``)."""
+def run_engine(work_dir: Path, name: str, spec: dict, fresh: bool = False) -> dict:
+    """Run ``tests_vllm/run_engine.py`` on ``spec`` in a fresh process (its output is cached under ``name``
+    and reused for the same spec unless ``fresh``)."""
     out = work_dir / f"engine-{name}.json"
     spec_path = work_dir / f"engine-{name}.spec.json"
     text = json.dumps(spec, sort_keys=True)
-    if not (out.exists() and spec_path.exists() and spec_path.read_text() == text):
+    if fresh or not (out.exists() and spec_path.exists() and spec_path.read_text() == text):
         spec_path.write_text(text)
         out.unlink(missing_ok=True)
         proc = subprocess.run([sys.executable, str(Path(__file__).with_name("run_engine.py")), str(spec_path), str(out)],

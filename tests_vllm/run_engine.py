@@ -3,7 +3,8 @@
 Run as a script (vLLM spawns its engine process, so each engine gets its own Python process and
 this file needs the ``__main__`` guard): ``python run_engine.py SPEC.json OUT.json``. ``SPEC`` holds
 ``model_dir``, ``architecture``, ``ridgefill`` (the plugin settings or ``null``), ``prompts`` (lists of
-token ids), ``gen_tokens``, ``top`` and ``engine`` (extra ``vllm.LLM`` arguments). ``OUT`` gets, per
+token ids), ``gen_tokens``, ``top``, ``engine`` (extra ``vllm.LLM`` arguments) and ``step_log``
+(a file for the plugin's per-step log, or absent). ``OUT`` gets, per
 prompt, the greedy continuation and the first token's top log-probabilities, and, with
 ``try_prompt_logprobs``, the error a prompt-logprobs request raised (or ``null``).
 """
@@ -16,6 +17,8 @@ import sys
 def main(spec_path: str, out_path: str) -> None:
     spec = json.load(open(spec_path))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if spec.get("step_log"):  # the plugin appends one line per step with filled tokens (its worker inherits this)
+        os.environ["RIDGEFILL_VLLM_STEP_LOG"] = spec["step_log"]
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

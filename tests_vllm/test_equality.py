@@ -6,7 +6,7 @@ prefills the first alone and then the other two in one step beside the first one
 so the fill serves several prompts and decoding tokens in one batch.
 """
 
-import math
+import json
 
 import pytest
 
@@ -28,8 +28,12 @@ def vllm_own(reference, work_dir):
 @pytest.fixture(scope="module")
 def fill(reference, work_dir):
     ridgefill = {"maps": reference["maps"], "tail": reference["tail"]}
-    return run_engine(work_dir, "fill", _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill,
-                                               try_prompt_logprobs=True))
+    log = work_dir / "fill-steps.jsonl"
+    log.unlink(missing_ok=True)
+    out = run_engine(work_dir, "fill", _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill,
+                                              try_prompt_logprobs=True, step_log=str(log)), fresh=True)
+    out["steps"] = [json.loads(line) for line in log.read_text().splitlines()]
+    return out
 
 
 def _logprobs(p):
@@ -73,6 +77,17 @@ def test_fill_differs_from_exact(reference, fill, vllm_own):
         got, want = _logprobs(mine), _logprobs(own)
         moved = max(moved, max(abs(got[t] - want[t]) for t in got if t in want))
     assert moved > 1e-2
+
+
+def test_fill_served_mixed_steps(reference, fill):
+    """The steps with filled tokens: the first prompt alone, then the other two prompts beside the first
+    one's decoding token; per step, the exact tokens are each prompt's last ``tail`` and the decoding token."""
+    tail, lens = reference["tail"], [len(p["ids"]) for p in reference["prompts"]]
+    steps = fill["steps"]
+    assert [sorted(s["query_lens"]) for s in steps] == [[lens[0]], sorted([1, lens[1], lens[2]])]
+    for s in steps:
+        assert s["exact"] == sum(min(q, tail) for q in s["query_lens"])
+        assert s["filled"] + s["exact"] == sum(s["query_lens"])
 
 
 def test_prompt_logprobs_refused(fill):

@@ -25,6 +25,8 @@ path of a maps file from ``ridgefill calibrate``; ``tail``, exact tokens per pro
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable
 from itertools import islice
 
@@ -43,6 +45,9 @@ from .maps import SAMPLE_VALUES, FillMaps, load_fill_maps
 
 #: Exact tokens per prompt when the config gives no ``tail``.
 DEFAULT_TAIL = 256
+#: Environment variable naming a file to which each step with filled tokens appends one JSON line
+#: (``{"query_lens": [...], "filled": F, "exact": E}``): how vLLM batched the requests (tests, debugging).
+STEP_LOG_ENV = "RIDGEFILL_VLLM_STEP_LOG"
 
 
 def fill_settings(hf_config) -> tuple[str, int] | None:
@@ -177,6 +182,10 @@ class RidgeFillLlamaModel(LlamaModel):
             hidden, residual = layer(positions, hidden, residual)
         if not self._kv:
             self.capture_kv_weights()
+        if os.environ.get(STEP_LOG_ENV):
+            with open(os.environ[STEP_LOG_ENV], "a") as f:
+                f.write(json.dumps({"query_lens": plan.query_lens.tolist(), "filled": plan.filled.numel(),
+                                    "exact": plan.exact.numel()}) + "\n")
         h = hidden + residual if residual is not None else hidden  # h_S, the input of layer S+1: [tokens, d]
         h_f, pos_f = h[plan.filled], positions[plan.filled]
         x, pos_e, residual = h[plan.exact], positions[plan.exact], None

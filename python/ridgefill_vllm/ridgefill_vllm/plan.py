@@ -31,6 +31,7 @@ class FillPlan:
         filled_slots: ``[F]`` the filled tokens' KV-cache slots (``slot_mapping[filled]``).
         exact_slots: ``[E]`` the exact tokens' KV-cache slots.
         num_tokens: tokens in the step, padding excluded.
+        query_lens: ``[R]`` int64 CPU, scheduled tokens per request (1 for a decoding step).
     """
 
     filled: Tensor
@@ -38,6 +39,7 @@ class FillPlan:
     filled_slots: Tensor
     exact_slots: Tensor
     num_tokens: int
+    query_lens: Tensor
 
 
 def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int) -> FillPlan | None:
@@ -59,7 +61,7 @@ def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int) -> F
     device = slot_mapping.device
     filled = is_filled.nonzero().flatten().to(device)
     exact = (~is_filled).nonzero().flatten().to(device)
-    return FillPlan(filled, exact, slot_mapping[filled], slot_mapping[exact], total)
+    return FillPlan(filled, exact, slot_mapping[filled], slot_mapping[exact], total, q_lens)
 
 
 def subset_metadata(common, plan: FillPlan, tail: int):
