@@ -43,19 +43,38 @@ def parse_lengths(text: str) -> list[int]:
     return out
 
 
-def prompt_source(model_dir: str, need: int):
+def import_ridgefill():
+    """``(ridgefill.assets, ridgefill.costs)`` from ``python/`` of this checkout, or ``None``. The folder is on
+    ``sys.path`` only during the import: it also holds the plugin's project folder, which would shadow an
+    editable install of the plugin in vLLM's own processes."""
+    sys.path.insert(0, str(REPO / "python"))
+    try:
+        import ridgefill.assets
+        import ridgefill.costs
+
+        return ridgefill.assets, ridgefill.costs
+    except Exception as e:  # said in the output: synthetic prompts, no bound
+        print(f"(ridgefill unavailable: {type(e).__name__}: {e})")
+        return None
+    finally:
+        sys.path.remove(str(REPO / "python"))
+
+
+def prompt_source(model_dir: str, need: int, rf):
     """``take(n, i)``: ``n`` token ids for the ``i``-th request; real text when ``ridgefill`` and a
     tokenizer are available, else pseudo-random ids (same for both engines)."""
     try:
-        sys.path.insert(0, str(REPO / "python"))
-        from ridgefill.assets import EVALUATION_BOOKS, load_texts
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_dir)
-        text = "\n\n".join(load_texts()[b] for b in EVALUATION_BOOKS)
+        texts = rf[0].load_texts()
+        text = "\n\n".join(texts[b] for b in rf[0].EVALUATION_BOOKS)
         ids = tok(text[: 8 * need])["input_ids"]
         if len(ids) >= need:
-            return (lambda n, i: ids[(i * 977) % (len(ids) - n): (i * 977) % (len(ids) - n) + n]), "Persuasion + Northanger Abbey"
+            def take(n, i):
+                start = (i * 977) % (len(ids) - n)
+                return ids[start:start + n]
+            return take, " + ".join(rf[0].EVALUATION_BOOKS)
     except Exception as e:  # no ridgefill or tokenizer here: synthetic prompts, said in the output
         print(f"(real text unavailable: {type(e).__name__}: {e}; using pseudo-random token ids)")
     import random
@@ -64,15 +83,11 @@ def prompt_source(model_dir: str, need: int):
     return (lambda n, i: random.Random(i).choices(range(100, vocab), k=n)), "pseudo-random ids"
 
 
-def flop_bound(model_dir: str, n: int, split: int, tail: int) -> float | None:
-    try:
-        from ridgefill.costs import ModelShape, ideal_ratio
-
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-        return ideal_ratio(ModelShape.from_config(SimpleNamespace(**cfg)), n, split, min(tail, n))
-    except Exception as e:
-        print(f"(FLOP bound unavailable: {type(e).__name__}: {e})")
+def flop_bound(rf, model_dir: str, n: int, split: int, tail: int) -> float | None:
+    if rf is None:
         return None
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    return rf[1].ideal_ratio(rf[1].ModelShape.from_config(SimpleNamespace(**cfg)), n, split, min(tail, n))
 
 
 def main() -> None:
@@ -83,7 +98,7 @@ def main() -> None:
     ap.add_argument("--tail", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="CPU: OpenMP threads of each engine's worker")
-    ap.add_argument("--kv-cache-gb", type=float, default=2.0, help="CPU: VLLM_CPU_KVCACHE_SPACE per engine")
+    ap.add_argument("--kv-cache-gb", type=int, default=2, help="CPU: VLLM_CPU_KVCACHE_SPACE per engine")
     ap.add_argument("--device-args", default="{}", help="JSON of extra vllm.LLM arguments (GPU: dtype, TP, memory)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
@@ -99,7 +114,8 @@ def main() -> None:
     common = dict(dtype="float32", enforce_eager=True, max_model_len=max_len, max_num_batched_tokens=max_len,
                   enable_chunked_prefill=False, enable_prefix_caching=False, seed=0)
     common.update(json.loads(args.device_args))
-    take, source = prompt_source(args.model, max(lengths))
+    rf = import_ridgefill()
+    take, source = prompt_source(args.model, max(lengths), rf)
     engines = {
         "exact": LLM(args.model, hf_overrides={"architectures": ["LlamaForCausalLM"]}, **common),
         "fill": LLM(args.model, hf_overrides={"architectures": ["RidgeFillLlamaForCausalLM"],
@@ -119,7 +135,7 @@ def main() -> None:
                 times[k].append(time.perf_counter() - t0)
         exact, fill = statistics.median(times["exact"]), statistics.median(times["fill"])
         rows.append({"tokens": n, "exact_s": exact, "fill_s": fill, "ratio": exact / fill,
-                     "bound": flop_bound(args.model, n, split, args.tail), "exact_all": times["exact"],
+                     "bound": flop_bound(rf, args.model, n, split, args.tail), "exact_all": times["exact"],
                      "fill_all": times["fill"]})
         print(f"{n:>7} tokens  exact {exact:8.3f} s  fill {fill:8.3f} s  ratio {exact / fill:5.2f}x", flush=True)
     print(f"\nvLLM TTFT, {args.model.rstrip('/').split('/')[-1]}, S={split}, tail={args.tail}, {args.repeats} "
