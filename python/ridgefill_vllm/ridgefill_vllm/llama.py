@@ -198,7 +198,11 @@ class RidgeFillLlamaModel(LlamaModel):
                 self._write_filled(j, h_f, pos_f, plan.filled_slots)
                 x, residual = self.layers[i](pos_e, x, residual)
         finally:
-            slots.update(saved)
+            for name, value in saved.items():
+                if value is None:
+                    slots.pop(name, None)
+                else:
+                    slots[name] = value
         x, _ = self.norm(x, residual)
         out = x.new_zeros((positions.shape[0], x.shape[-1]))
         out[plan.exact] = x
