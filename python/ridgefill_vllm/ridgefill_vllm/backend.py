@@ -1,0 +1,38 @@
+"""An attention backend for the late layers: the platform's own backend, whose metadata builder
+builds metadata for the exact tokens only and attaches the step's row plan.
+
+vLLM builds attention metadata once per step for each group of layers sharing a backend class, so
+the late layers (given this backend) get their own metadata: queries restricted to the exact tokens
+(:func:`ridgefill_vllm.plan.subset_metadata`), with the row plan under the attribute
+``ridgefill_plan`` (``None`` in steps without filled tokens, where the metadata is the full one).
+The attention kernels, the KV-cache layout and the cache writes are the platform backend's own.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .plan import make_plan, subset_metadata
+
+
+@functools.cache
+def fill_backend(underlying, tail: int):
+    """A subclass of the attention backend class ``underlying`` whose builder restricts the queries
+    to the exact tokens of a step (the last ``tail`` of each prefilled prompt, every decoding token)."""
+    from vllm.v1.attention.backend import subclass_attention_backend
+
+    base = underlying.get_builder_cls()
+
+    class RidgeFillBuilder(base):  # type: ignore[misc, valid-type]
+        def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
+            cm = common_attn_metadata
+            plan = make_plan(cm.query_start_loc_cpu, cm.slot_mapping, tail)
+            if plan is not None:
+                cm = subset_metadata(cm, plan, tail)
+                common_prefix_len = 0  # no cascade attention over a subset of queries
+            metadata = super().build(common_prefix_len, cm, fast_build)
+            metadata.ridgefill_plan = plan
+            return metadata
+
+    return subclass_attention_backend(name_prefix=f"RidgeFillTail{tail}", attention_backend_cls=underlying,
+                                      builder_cls=RidgeFillBuilder)

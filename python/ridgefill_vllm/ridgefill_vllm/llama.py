@@ -1,0 +1,235 @@
+"""RidgeFill for vLLM's Llama family: ``RidgeFillLlamaForCausalLM``.
+
+vLLM's own ``LlamaForCausalLM`` with a different prefill of the late layers ``l > S`` (paper,
+"Approach"; the reference is :func:`ridgefill.prefill` with ``mode="ridge"``). In a step with filled
+tokens (:mod:`ridgefill_vllm.plan`):
+
+1. Layers ``0..S`` run exactly for every token (vLLM's own layers); ``h_S`` is the input of layer
+   ``S+1`` (vLLM keeps it as ``hidden + residual``).
+2. For each late layer ``l``, the filled tokens' keys and values are computed from the prediction
+   ``x̂_l = h_S W_l + b_l``, through the layer's own input RMSNorm, K/V projection (the K/V rows of
+   its fused QKV weight) and RoPE at the token's position, and written to vLLM's paged KV cache with
+   the attention backend's own cache write. Filled tokens compute no query, no attention, no output
+   projection and no MLP in the late layers.
+3. The exact tokens (the last ``tail`` of each prompt, every decoding token) run every late layer in
+   full, with attention metadata for their queries only (:mod:`ridgefill_vllm.backend`), attending
+   to the paged cache that holds the filled tokens' predicted K/V and their own exact K/V.
+
+The step's output hidden states are those of the exact tokens; filled rows are zero (the sampler
+reads the last token of each request, which is exact). Decoding steps and steps without filled tokens
+run vLLM's plain forward. Without maps the model is vLLM's Llama.
+
+Settings (the ``ridgefill`` entry of the model config, e.g. through ``hf_overrides``): ``maps``, the
+path of a maps file from ``ridgefill calibrate``; ``tail``, exact tokens per prompt (default 256).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from itertools import islice
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm.compilation.decorators import ignore_torch_compile
+from vllm.config import VllmConfig
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+
+from .backend import fill_backend
+from .errors import InputError
+from .maps import SAMPLE_VALUES, FillMaps, load_fill_maps
+
+#: Exact tokens per prompt when the config gives no ``tail``.
+DEFAULT_TAIL = 256
+#: Environment variable naming a file to which each step with filled tokens appends one JSON line
+#: (``{"query_lens": [...], "filled": F, "exact": E}``): how vLLM batched the requests (tests, debugging).
+STEP_LOG_ENV = "RIDGEFILL_VLLM_STEP_LOG"
+
+
+def fill_settings(hf_config) -> tuple[str, int] | None:
+    """``(maps path, tail)`` from ``hf_config.ridgefill`` (a dict), or ``None`` without maps.
+
+    Raises:
+        InputError: ``ridgefill`` is not a dict, has unknown keys, or ``tail`` is not an integer ``≥ 1``.
+    """
+    cfg = getattr(hf_config, "ridgefill", None)
+    if cfg is None:
+        return None
+    if not isinstance(cfg, dict) or set(cfg) - {"maps", "tail"}:
+        raise InputError(f"the model config's 'ridgefill' entry must be a dict with keys 'maps' (a maps file from "
+                         f"`ridgefill calibrate`) and 'tail' (exact tokens per prompt); got {cfg!r}")
+    tail = cfg.get("tail", DEFAULT_TAIL)
+    if not isinstance(tail, int) or isinstance(tail, bool) or tail < 1:
+        raise InputError(f"ridgefill tail={tail!r} must be an integer ≥ 1 (exact tokens at the end of each prompt)")
+    if cfg.get("maps") is None:
+        return None
+    return str(cfg["maps"]), tail
+
+
+def check_engine(vllm_config: VllmConfig) -> None:
+    """Refuse engine settings the fill cannot serve, naming the setting to change.
+
+    Raises:
+        InputError: chunked prefill or prefix caching on, speculative decoding, pipeline or decode-context
+            parallelism, quantized weights, or a sliding-window model.
+    """
+    sched, cache, par = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.parallel_config
+    problems = []
+    if sched.enable_chunked_prefill:
+        problems.append("chunked prefill is on (a prompt must be prefilled in one step so its last `tail` tokens "
+                        "are known): pass enable_chunked_prefill=False (`--no-enable-chunked-prefill`) and "
+                        "max_num_batched_tokens ≥ max_model_len")
+    if cache.enable_prefix_caching:
+        problems.append("prefix caching is on (cached blocks would hold another request's late-layer K/V): pass "
+                        "enable_prefix_caching=False (`--no-enable-prefix-caching`)")
+    if vllm_config.speculative_config is not None:
+        problems.append("speculative decoding is configured: remove speculative_config")
+    if par.pipeline_parallel_size > 1:
+        problems.append(f"pipeline parallelism ({par.pipeline_parallel_size} stages): use tensor parallelism only")
+    if getattr(par, "decode_context_parallel_size", 1) > 1 or getattr(par, "prefill_context_parallel_size", 1) > 1:
+        problems.append("context parallelism is configured: turn it off")
+    if vllm_config.quant_config is not None:
+        problems.append("the weights are quantized: serve unquantized (float32, bfloat16 or float16) weights")
+    if getattr(vllm_config.model_config.hf_config, "layer_types", None) and any(
+            t != "full_attention" for t in vllm_config.model_config.hf_config.layer_types):
+        problems.append("the model has sliding-window layers, which this plugin does not fill yet")
+    if problems:
+        raise InputError("RidgeFill cannot serve with these engine settings: " + "; ".join(problems))
+
+
+@ignore_torch_compile
+class RidgeFillLlamaModel(LlamaModel):
+    """vLLM's ``LlamaModel`` with the fill prefill of the late layers (module docstring)."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", layer_type: type[nn.Module] = LlamaDecoderLayer):
+        super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
+        settings = fill_settings(self.config)
+        self.fill_maps: FillMaps | None = None
+        self.tail = settings[1] if settings else DEFAULT_TAIL
+        if settings is None:
+            return
+        check_engine(vllm_config)
+        maps = load_fill_maps(settings[0])
+        maps.check_shape(self.config.num_hidden_layers, self.config.hidden_size)
+        self.fill_maps = maps
+        self.split = maps.split
+        dtype, device = vllm_config.model_config.dtype, vllm_config.device_config.device
+        # plain attributes, not parameters: the checkpoint loader must not look for them
+        self._w = maps.weights.to(device=device, dtype=dtype)
+        self._b = maps.biases.to(device=device, dtype=dtype)
+        self._kv: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # late layers' K/V weights, set at load
+        self.late = list(range(self.split + 1, self.config.num_hidden_layers))
+        self.late_names = [self.layers[i].self_attn.attn.layer_name for i in self.late]
+        for i in self.late:
+            attn = self.layers[i].self_attn.attn
+            if attn.attn_backend.forward_includes_kv_cache_update:
+                raise InputError(f"the attention backend {attn.attn_backend.get_name()} writes the KV cache inside "
+                                 "its forward; RidgeFill needs a backend with a separate cache write (vLLM's CPU, "
+                                 "FlashAttention, FlashInfer and Triton backends have one)")
+            attn.attn_backend = fill_backend(attn.attn_backend, self.tail)
+
+    def capture_kv_weights(self) -> None:
+        """Keep the K/V rows of each late layer's fused QKV weight (and bias): vLLM's CPU build may repack
+        the weights for its GEMM kernels after loading, so they are copied right after loading (or, with
+        ``load_format="dummy"``, which skips ``load_weights``, at the first fill step).
+
+        Raises:
+            InputError: the QKV weights were already repacked (CPU build with ``load_format="dummy"``).
+        """
+        self._kv = []
+        for i in self.late:
+            attn = self.layers[i].self_attn
+            w = attn.qkv_proj.weight
+            if w.ndim != 2 or w.shape[0] != attn.q_size + 2 * attn.kv_size:
+                raise InputError("the late layers' QKV weights were repacked before RidgeFill could copy their K/V "
+                                 "rows; load real weights (not load_format='dummy') on this platform")
+            w = w[attn.q_size:].detach().clone()  # [2·kv_size (this rank), d]
+            bias = getattr(attn.qkv_proj, "bias", None)
+            self._kv.append((w, None if bias is None else bias[attn.q_size:].detach().clone()))
+
+    def _write_filled(self, j: int, h: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        """Late layer ``self.late[j]``: K/V of the filled tokens from ``x̂ = h W + b`` into the paged cache."""
+        layer = self.layers[self.late[j]]
+        attn = layer.self_attn
+        x_hat = torch.addmm(self._b[j], h, self._w[j])  # [F, d]
+        w, bias = self._kv[j]
+        k, v = F.linear(layer.input_layernorm(x_hat), w, bias).split([attn.kv_size, attn.kv_size], dim=-1)
+        k, _ = attn.rotary_emb(positions, k.contiguous(), None)  # RoPE on the keys (passed as the query)
+        a = attn.attn
+        a.impl.do_kv_cache_update(a, k.view(-1, a.num_kv_heads, a.head_size), v.reshape(-1, a.num_kv_heads,
+                                  a.head_size_v), a.kv_cache, slots)
+
+    def _plan(self):
+        if self.fill_maps is None:
+            return None
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, list):  # micro-batches: not filled
+            return None
+        entry = metadata.get(self.late_names[0]) if isinstance(metadata, dict) else None
+        return getattr(entry, "ridgefill_plan", None)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
+        plan = self._plan()
+        if plan is None:
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+        hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+        residual = None
+        for layer in islice(self.layers, 0, self.split + 1):
+            hidden, residual = layer(positions, hidden, residual)
+        if not self._kv:
+            self.capture_kv_weights()
+        if os.environ.get(STEP_LOG_ENV):
+            with open(os.environ[STEP_LOG_ENV], "a") as f:
+                f.write(json.dumps({"query_lens": plan.query_lens.tolist(), "filled": plan.filled.numel(),
+                                    "exact": plan.exact.numel()}) + "\n")
+        h = hidden + residual if residual is not None else hidden  # h_S, the input of layer S+1: [tokens, d]
+        h_f, pos_f = h[plan.filled], positions[plan.filled]
+        x, pos_e, residual = h[plan.exact], positions[plan.exact], None
+        slots = get_forward_context().slot_mapping
+        saved = {name: slots.get(name) for name in self.late_names}
+        try:
+            for name in self.late_names:  # the exact tokens' own K/V go to their slots
+                slots[name] = plan.exact_slots
+            for j, i in enumerate(self.late):
+                self._write_filled(j, h_f, pos_f, plan.filled_slots)
+                x, residual = self.layers[i](pos_e, x, residual)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    slots.pop(name, None)
+                else:
+                    slots[name] = value
+        x, _ = self.norm(x, residual)
+        out = x.new_zeros((positions.shape[0], x.shape[-1]))
+        out[plan.exact] = x
+        return out
+
+
+class RidgeFillLlamaForCausalLM(LlamaForCausalLM):
+    """vLLM's ``LlamaForCausalLM`` with :class:`RidgeFillLlamaModel` (register name
+    ``RidgeFillLlamaForCausalLM``). Checks at load time that the maps were fitted on these weights."""
+
+    def _init_model(self, vllm_config: VllmConfig, prefix: str = "", layer_type: type[nn.Module] = LlamaDecoderLayer):
+        return RidgeFillLlamaModel(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        body: RidgeFillLlamaModel = self.model
+        if body.fill_maps is None:
+            return super().load_weights(weights)
+        sample: list[float] = []
+        tied = getattr(self.config, "tie_word_embeddings", False)
+
+        def sampled(items):
+            for name, t in items:
+                if "rotary_emb.inv_freq" not in name and not (tied and name.startswith("lm_head.")):
+                    sample.extend(t.detach().flatten()[:SAMPLE_VALUES].to(device="cpu", dtype=torch.float64).tolist())
+                yield name, t
+
+        loaded = super().load_weights(sampled(weights))
+        body.fill_maps.check_weight_sample(sample, self.model.embed_tokens.weight.dtype)
+        body.capture_kv_weights()
+        return loaded

@@ -1,0 +1,76 @@
+"""Reference values for the vLLM plugin's equality tests (``tests_vllm/``), computed by ``ridgefill`` itself.
+
+Runs in the project's main environment (``transformers`` 5.24), not in the vLLM one. It
+
+1. fetches the bundled model (SmolLM2-135M-Instruct, float32 copy) and prints its folder,
+2. fits small maps (``--calib-tokens`` calibration tokens of the calibration novels, split ``--split``)
+   or reuses ``--maps`` when that file exists,
+3. for ``--prompts`` evaluation-text prompts of the given lengths, runs ``ridgefill.prefill`` (mode
+   ``ridge``, the last ``--tail`` rows exact) and ``generate_after`` (greedy),
+
+and writes a JSON file: ``model_dir``, ``maps``, ``split``, ``tail``, and per prompt its token ids, the
+top-``k`` log-probabilities of the first generated token (float64 log-softmax of the last row's logits)
+and the greedy continuation. ``tests_vllm/conftest.py`` runs it once per test session.
+
+Usage: ``python scripts/vllm_reference.py --out ref.json --maps maps.safetensors [--lengths 700,520,300]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ridgefill import generate_after, load_maps, prefill
+from ridgefill.assets import CALIBRATION_BOOKS, EVALUATION_BOOKS, fetch_default_model, load_model, load_texts
+from ridgefill.calibrate import calibrate
+from ridgefill.fileio import atomic_write
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--maps", required=True, help="maps file: reused when it exists, else fitted and saved here")
+    ap.add_argument("--split", type=int, default=15)
+    ap.add_argument("--calib-tokens", type=int, default=8192)
+    ap.add_argument("--tail", type=int, default=64)
+    ap.add_argument("--lengths", default="700,520,300", help="prompt lengths in tokens, comma-separated")
+    ap.add_argument("--gen-tokens", type=int, default=12)
+    ap.add_argument("--top", type=int, default=20, help="log-probabilities kept per prompt")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    model_dir = fetch_default_model()
+    model, tok, name = load_model(str(model_dir))
+    maps_path = Path(args.maps)
+    if maps_path.exists():
+        maps = load_maps(maps_path)
+    else:
+        texts = load_texts()
+        maps = calibrate(model, tok, {k: texts[k] for k in CALIBRATION_BOOKS}, split=args.split,
+                         tokens=args.calib_tokens, model_name=name, progress=False)
+        maps.save(maps_path)
+    text = load_texts()[EVALUATION_BOOKS[0]]
+    ids_all = tok(text[:200_000])["input_ids"]
+    prompts, start = [], 5000
+    for n in (int(x) for x in args.lengths.split(",")):
+        ids = torch.tensor([ids_all[start:start + n]])
+        start += n + 1000
+        res = prefill(model, ids, maps, tail=min(args.tail, n), mode="ridge")
+        logp = torch.log_softmax(res.logits[0, -1].double(), -1)
+        top = logp.topk(args.top)
+        new = generate_after(model, ids, res, max_new_tokens=args.gen_tokens)
+        prompts.append({"ids": ids[0].tolist(), "top_ids": top.indices.tolist(), "top_logprobs": top.values.tolist(),
+                        "greedy": new[0].tolist()})
+    out = {"model_dir": str(model_dir), "maps": str(maps_path.resolve()), "split": maps.split, "tail": args.tail,
+           "dtype": "float32", "prompts": prompts}
+    text_out = json.dumps(out)
+    atomic_write(args.out, lambda tmp: Path(tmp).write_text(text_out))
+    print(f"wrote {args.out}: {len(prompts)} prompts, maps {maps_path} (S={maps.split}), model {model_dir}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

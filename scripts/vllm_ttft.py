@@ -1,0 +1,153 @@
+"""Time to first token through vLLM's own API: vLLM's Llama (exact) against the RidgeFill plugin.
+
+Runs in the vLLM environment (``bash scripts/install_vllm.sh``). Two engines live in this process,
+vLLM's ``LlamaForCausalLM`` and ``RidgeFillLlamaForCausalLM`` with the given maps, on the same model
+folder and engine settings (chunked prefill and prefix caching off, which the plugin needs; the exact
+engine gets the same). For each prompt length, after one warm-up request per engine, the two are timed
+alternately (exact, fill, exact, fill, ...): one ``LLM.generate`` call per request with
+``max_tokens=1``, wall time from the call to its return (prefill + the first token). Prompts are token
+ids of the held-out novel *Persuasion* when ``ridgefill`` is importable (``python/`` of this checkout),
+else fixed pseudo-random ids; each timed request uses another window of the text.
+
+The table gives the median times, their ratio and the FLOP bound of an ideal fill path
+(``ridgefill.costs.ideal_ratio``: exact FLOPs / fill FLOPs at that length, split and tail).
+
+Usage (CPU)::
+
+    python scripts/vllm_ttft.py --model MODEL_DIR --maps maps-S15.safetensors --lengths 2k,4k,8k \
+        --tail 256 --repeats 3 --threads 2 [--json ttft.json]
+
+On a GPU: add ``--device-args '{"dtype": "bfloat16", "tensor_parallel_size": 2, "gpu_memory_utilization": 0.4}'``
+(the JSON is passed to ``vllm.LLM``; see ``scripts/gpu_vllm.sh``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_lengths(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        out.append(int(float(part[:-1]) * 1024) if part.endswith("k") else int(part))
+    return out
+
+
+def import_ridgefill():
+    """``(ridgefill.assets, ridgefill.costs)`` from ``python/`` of this checkout, or ``None``. The folder is on
+    ``sys.path`` only during the import: it also holds the plugin's project folder, which would shadow an
+    editable install of the plugin in vLLM's own processes."""
+    sys.path.insert(0, str(REPO / "python"))
+    try:
+        import ridgefill.assets
+        import ridgefill.costs
+
+        return ridgefill.assets, ridgefill.costs
+    except Exception as e:  # said in the output: synthetic prompts, no bound
+        print(f"(ridgefill unavailable: {type(e).__name__}: {e})")
+        return None
+    finally:
+        sys.path.remove(str(REPO / "python"))
+
+
+def prompt_source(model_dir: str, need: int, rf):
+    """``take(n, i)``: ``n`` token ids for the ``i``-th request; real text when ``ridgefill`` and a
+    tokenizer are available, else pseudo-random ids (same for both engines)."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        texts = rf[0].load_texts()
+        text = "\n\n".join(texts[b] for b in rf[0].EVALUATION_BOOKS)
+        ids = tok(text[: 8 * need])["input_ids"]
+        if len(ids) >= need:
+            def take(n, i):
+                start = (i * 977) % (len(ids) - n)
+                return ids[start:start + n]
+            return take, " + ".join(rf[0].EVALUATION_BOOKS)
+    except Exception as e:  # no ridgefill or tokenizer here: synthetic prompts, said in the output
+        print(f"(real text unavailable: {type(e).__name__}: {e}; using pseudo-random token ids)")
+    import random
+
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    return (lambda n, i: random.Random(i).choices(range(100, vocab), k=n)), "pseudo-random ids"
+
+
+def flop_bound(rf, model_dir: str, n: int, split: int, tail: int) -> float | None:
+    if rf is None:
+        return None
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    return rf[1].ideal_ratio(rf[1].ModelShape.from_config(SimpleNamespace(**cfg)), n, split, min(tail, n))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="vLLM time to first token: exact vs RidgeFill")
+    ap.add_argument("--model", required=True, help="Hugging Face model folder (Llama family)")
+    ap.add_argument("--maps", required=True, help="maps file from `ridgefill calibrate` for that model")
+    ap.add_argument("--lengths", default="2k,4k,8k")
+    ap.add_argument("--tail", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="CPU: OpenMP threads of each engine's worker")
+    ap.add_argument("--kv-cache-gb", type=int, default=2, help="CPU: VLLM_CPU_KVCACHE_SPACE per engine")
+    ap.add_argument("--device-args", default="{}", help="JSON of extra vllm.LLM arguments (GPU: dtype, TP, memory)")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args()
+    lengths = parse_lengths(args.lengths)
+    if args.threads:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{args.threads - 1}")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gb))
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    split = json.loads(__import__("safetensors").safe_open(args.maps, "pt").metadata()["ridgefill"])["split"]
+    max_len = max(lengths) + 16
+    common = dict(dtype="float32", enforce_eager=True, max_model_len=max_len, max_num_batched_tokens=max_len,
+                  enable_chunked_prefill=False, enable_prefix_caching=False, seed=0)
+    common.update(json.loads(args.device_args))
+    rf = import_ridgefill()
+    take, source = prompt_source(args.model, max(lengths), rf)
+    engines = {
+        "exact": LLM(args.model, hf_overrides={"architectures": ["LlamaForCausalLM"]}, **common),
+        "fill": LLM(args.model, hf_overrides={"architectures": ["RidgeFillLlamaForCausalLM"],
+                                              "ridgefill": {"maps": args.maps, "tail": args.tail}}, **common),
+    }
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    rows = []
+    for n in lengths:
+        times = {k: [] for k in engines}
+        for k, llm in engines.items():  # warm-up at this length
+            llm.generate([TokensPrompt(prompt_token_ids=take(n, 10_000))], params, use_tqdm=False)
+        for r in range(args.repeats):
+            for k, llm in engines.items():
+                prompt = TokensPrompt(prompt_token_ids=take(n, r))
+                t0 = time.perf_counter()
+                llm.generate([prompt], params, use_tqdm=False)
+                times[k].append(time.perf_counter() - t0)
+        exact, fill = statistics.median(times["exact"]), statistics.median(times["fill"])
+        rows.append({"tokens": n, "exact_s": exact, "fill_s": fill, "ratio": exact / fill,
+                     "bound": flop_bound(rf, args.model, n, split, args.tail), "exact_all": times["exact"],
+                     "fill_all": times["fill"]})
+        print(f"{n:>7} tokens  exact {exact:8.3f} s  fill {fill:8.3f} s  ratio {exact / fill:5.2f}x", flush=True)
+    print(f"\nvLLM TTFT, {args.model.rstrip('/').split('/')[-1]}, S={split}, tail={args.tail}, {args.repeats} "
+          f"interleaved repeats (median), prompts: {source}, engine: {json.dumps(common, sort_keys=True)}")
+    print("| tokens | exact s | fill s | exact/fill | FLOP bound |\n|---:|---:|---:|---:|---:|")
+    for r in rows:
+        bound = f"{r['bound']:.2f}x" if r["bound"] else "n/a"
+        print(f"| {r['tokens']} | {r['exact_s']:.3f} | {r['fill_s']:.3f} | {r['ratio']:.2f}x | {bound} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "split": split, "tail": args.tail, "engine": common,
+                                               "prompts": source, "argv": sys.argv[1:]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

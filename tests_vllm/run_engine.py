@@ -1,0 +1,54 @@
+"""Run one vLLM engine on prompts given as token ids and write what the tests compare (a JSON file).
+
+Run as a script (vLLM spawns its engine process, so each engine gets its own Python process and
+this file needs the ``__main__`` guard): ``python run_engine.py SPEC.json OUT.json``. ``SPEC`` holds
+``model_dir``, ``architecture``, ``ridgefill`` (the plugin settings or ``null``), ``prompts`` (lists of
+token ids), ``gen_tokens``, ``top``, ``engine`` (extra ``vllm.LLM`` arguments) and ``step_log``
+(a file for the plugin's per-step log, or absent). ``OUT`` gets, per
+prompt, the greedy continuation and the first token's top log-probabilities, and, with
+``try_prompt_logprobs``, the error a prompt-logprobs request raised (or ``null``).
+"""
+
+import json
+import os
+import sys
+
+
+def main(spec_path: str, out_path: str) -> None:
+    spec = json.load(open(spec_path))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if spec.get("step_log"):  # the plugin appends one line per step with filled tokens (its worker inherits this)
+        os.environ["RIDGEFILL_VLLM_STEP_LOG"] = spec["step_log"]
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    overrides = {"architectures": [spec["architecture"]]}
+    if spec.get("ridgefill") is not None:
+        overrides["ridgefill"] = spec["ridgefill"]
+    engine = dict(dtype="float32", enforce_eager=True, max_model_len=1024, max_num_batched_tokens=1024,
+                  enable_chunked_prefill=False, enable_prefix_caching=False, seed=0)
+    engine.update(spec.get("engine", {}))
+    llm = LLM(spec["model_dir"], hf_overrides=overrides, skip_tokenizer_init=False, **engine)
+    g = spec["gen_tokens"]
+    params = SamplingParams(max_tokens=g, min_tokens=g, temperature=0.0, logprobs=spec["top"])
+    outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]], params, use_tqdm=False)
+    result = {"prompts": []}
+    for o in outs:
+        c = o.outputs[0]
+        first = c.logprobs[0]
+        ranked = sorted(first.items(), key=lambda kv: kv[1].rank)
+        result["prompts"].append({"greedy": list(c.token_ids), "top_ids": [k for k, _ in ranked],
+                                  "top_logprobs": [v.logprob for _, v in ranked]})
+    if spec.get("try_prompt_logprobs"):
+        try:
+            llm.generate([TokensPrompt(prompt_token_ids=spec["prompts"][0])],
+                         SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)
+            result["prompt_logprobs_error"] = None
+        except Exception as e:  # the plugin's refusal; reported to the test, which checks its text
+            result["prompt_logprobs_error"] = f"{type(e).__name__}: {e}"
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
