@@ -2,8 +2,8 @@
 
 The format is the one :mod:`ridgefill.maps` writes (format version 1): a ``safetensors`` file with
 ``weights`` ``[L-S-1, d, d]`` and ``biases`` ``[L-S-1, d]`` (float32; entry ``i`` is late layer
-``S + 1 + i``), optionally ``mean_h``/``mean_x``, and a JSON metadata string under the key
-``ridgefill`` holding at least ``format_version``, ``split`` and ``lambdas``. This reader checks the
+``S + 1 + i``), optionally ``mean_h``/``mean_x`` and ``cov_h`` (not used here), and a JSON metadata
+string under the key ``ridgefill`` holding at least ``format_version``, ``split`` and ``lambdas``. This reader checks the
 same things :func:`ridgefill.maps.load_maps` checks that the plugin relies on, without importing
 ``ridgefill`` (whose ``transformers`` pin differs from vLLM's).
 """
@@ -114,7 +114,7 @@ def load_fill_maps(path: str | os.PathLike) -> FillMaps:
     except ValueError as e:
         raise MapsFormatError(f"the metadata of maps file {str(path)!r} is not valid JSON ({e}); {redo}") from e
     if not isinstance(meta, dict) or not {"weights", "biases"} <= set(tensors) \
-            or not set(tensors) <= {"weights", "biases", "mean_h", "mean_x"}:
+            or not set(tensors) <= {"weights", "biases", "mean_h", "mean_x", "cov_h"}:
         raise MapsFormatError(f"{str(path)!r} is not a RidgeFill maps file (tensors {sorted(tensors)}); {redo}")
     version, split, lambdas = meta.get("format_version"), meta.get("split"), meta.get("lambdas")
     if version != FORMAT_VERSION or isinstance(version, bool):
