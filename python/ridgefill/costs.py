@@ -225,9 +225,9 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
     passes = rounds if k else 0
     exact_rows = tail + passes * (tail + k)
     kv_rows = filled  # filled rows whose K/V come from the maps
-    leverage = 0
+    chosen_passes, leverage = passes, 0  # passes in which the chosen rows attend
     if rounds == 0 and k:  # chosen up front: one pass, the chosen rows exact, no filled K/V for them
-        exact_rows, kv_rows = tail + k, filled - k
+        exact_rows, kv_rows, chosen_passes = tail + k, filled - k, 1
         leverage = 2 * shape.hidden ** 3 // 3 + n * (2 * shape.hidden ** 2 + 2 * shape.hidden)
     kv_out = 2 * shape.kv_heads * shape.head_dim
     map_flops = (2 * shape.hidden * kv_out + kv_out) if kv_maps else (shape.map_flops if maps else 0)
@@ -239,7 +239,7 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
         "mlp": (lower * n + late * exact_rows) * shape.mlp_flops,
         "attention": (lower * shape.attention_flops(0, n)
                       + late * ((1 + passes) * shape.attention_flops(filled, n)
-                                + (passes if rounds else 1) * chosen_attention + scoring)),  # rounds 0: once
+                                + chosen_passes * chosen_attention + scoring)),
         "maps": late * kv_rows * map_flops + leverage,
         "lm_head": 2 * shape.hidden * shape.vocab,
     }
