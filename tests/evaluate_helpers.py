@@ -29,6 +29,25 @@ def byte_llama(seed: int = 0, layers: int = 6):
     return tiny_llama(seed=seed, layers=layers, vocab=256)
 
 
+def save_byte_model(folder, seed: int):
+    """Save :func:`byte_llama` (4,096 positions) with a byte-level BPE tokenizer (no merges: one token per
+    byte) to ``folder`` as a Hugging Face model directory, as ``--model DIR`` reads it; returns
+    ``(model, tokenizer)``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    model = byte_llama(seed=seed)
+    model.config.max_position_embeddings = 4096
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return model, tok
+
+
 def damp_late_layers(model, split: int, factor: float):
     """Scale the residual updates (``o_proj`` and ``down_proj``) of layers ``> split`` by ``factor``, in
     place: the late layers then change the residual stream by ``O(factor)``, so the identity fill's

@@ -7,24 +7,13 @@ import pytest
 
 from ridgefill.calibrate import calibrate
 from ridgefill.cli import main
-from evaluate_helpers import byte_llama
+from evaluate_helpers import save_byte_model
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     root = tmp_path_factory.mktemp("evalcli")
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tk.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk)
-    model = byte_llama(seed=5)
-    model.config.max_position_embeddings = 4096
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
+    model, tok = save_byte_model(root / "model", seed=5)
     text = "It was a bright cold day in April, and the clocks were striking thirteen. " * 40
     for split in (2, 3):
         calibrate(model, tok, [text, text[::-1]], split=split, tokens=1024, chunk=128, lam="auto",

@@ -15,7 +15,7 @@ from ridgefill.maps import load_maps
 from ridgefill.overlap import (Fingerprint, calibration_label, check_disjoint, fingerprint, maps_fingerprint,
                                sample_for, window_hashes)
 from ridgefill.run import RunConfig, evaluation_plan, format_table, run
-from evaluate_helpers import ByteTokenizer, byte_llama
+from evaluate_helpers import ByteTokenizer, save_byte_model
 
 WORDS = ("harbour lantern meadow kettle falcon orchard compass violin pebble saddle window thistle anchor basket "
          "candle ribbon glacier otter bridge teapot quiet amber brisk hollow silver gentle crimson wooden frozen "
@@ -36,19 +36,8 @@ def prose(seed: int, words: int) -> str:
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     root = tmp_path_factory.mktemp("usertext")
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tk.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk)
-    model = byte_llama(seed=7)
-    model.config.max_position_embeddings = 4096
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
+    model, tok = save_byte_model(root / "model", seed=7)
     (root / "calib.txt").write_text(prose(1, 400))  # ~2,700 bytes = tokens
     (root / "other.txt").write_text(prose(2, 400))
     (root / "mixed.txt").write_text(prose(3, 200) + (root / "calib.txt").read_text()[:1200])
