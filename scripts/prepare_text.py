@@ -46,6 +46,8 @@ R_PACKAGE = "janeaustenr"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "python" / "ridgefill" / "data"
 OUTPUT_NAME = "austen.json.xz"
+#: Where scripts/prepare_calibration.py's part of data/README.md starts (this script writes the part before).
+TECHNICAL_MARKER = "<!-- technical calibration texts: written by scripts/prepare_calibration.py -->"
 
 # R object name -> title, in publication order.  The titles are those used by
 # janeaustenr's own ``austen_books()`` function.
@@ -409,9 +411,14 @@ def main(argv: list[str] | None = None) -> int:
         blob = encode(texts)
         doc = readme(texts, version, blob).encode("utf-8")
         out_blob, out_doc = args.out_dir / OUTPUT_NAME, args.out_dir / "README.md"
+        # README.md's part from TECHNICAL_MARKER on is scripts/prepare_calibration.py's: kept as it is
+        current = out_doc.read_bytes() if out_doc.is_file() else b""
+        _, sep, rest = current.partition(TECHNICAL_MARKER.encode("utf-8"))
+        if sep:
+            doc += b"\n" + sep + rest
         if args.check:
             ok = out_blob.is_file() and out_blob.read_bytes() == blob
-            ok_doc = out_doc.is_file() and out_doc.read_bytes() == doc
+            ok_doc = current == doc
             print(f"{out_blob.name}: {'identical' if ok else 'DIFFERS'}", file=sys.stderr)
             print(f"{out_doc.name}: {'identical' if ok_doc else 'DIFFERS'}", file=sys.stderr)
             return 0 if ok and ok_doc else 1

@@ -1,10 +1,12 @@
 """``ridgefill eval ...`` and ``ridgefill report`` end to end on a tiny random model saved as a local
-Hugging Face directory (byte-level tokenizer), with maps fitted beforehand and reused from ``--out``."""
+Hugging Face directory (byte-level tokenizer), with maps fitted beforehand on the shipped calibration set
+and reused from ``--out``."""
 
 import json
 
 import pytest
 
+from ridgefill.assets import calibration_texts
 from ridgefill.calibrate import calibrate
 from ridgefill.cli import main
 from evaluate_helpers import save_byte_model
@@ -14,9 +16,8 @@ from evaluate_helpers import save_byte_model
 def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("evalcli")
     model, tok = save_byte_model(root / "model", seed=5)
-    text = "It was a bright cold day in April, and the clocks were striking thirteen. " * 40
-    for split in (2, 3):
-        calibrate(model, tok, [text, text[::-1]], split=split, tokens=1024, chunk=128, lam="auto",
+    for split in (2, 3):  # on the default calibration set, so that the eval commands reuse them
+        calibrate(model, tok, calibration_texts(), split=split, tokens=1024, chunk=128, lam="auto",
                   progress=False).save(root / "out" / f"maps-S{split}.safetensors")
     return root
 

@@ -48,8 +48,10 @@ def work(tmp_path_factory):
 
 
 def _eval(root, *args):
+    """An eval command with the maps fitted on calib.txt (named: maps cached in --out are refitted when they
+    were not fitted on the shipped calibration set)."""
     return main([*args, "--model", str(root / "model"), "--out", str(root / "out"), "--calib-tokens", "1024",
-                 "--chunk", "128", "--quiet", "--splits", "2"])
+                 "--chunk", "128", "--quiet", "--splits", "2", "--maps", str(root / "out" / "maps-S2.safetensors")])
 
 
 LOSS = ["--docs", "2", "--novel-docs", "0", "--doc-tokens", "200", "--tail", "32", "--window", "8", "--tau",
@@ -174,7 +176,7 @@ def test_eval_needle_and_depth_on_user_text(work, capsys):
     assert "needle haystack text '" + str(root / "mixed.txt") + "' overlaps the calibration text" in capsys.readouterr().err
     depth = ["--depths", "1/3", "--needle-length", "1500", "--needle-trials", "1", "--needle-tail", "200", *LOSS]
     main_args = ["eval", "depth", "--model", str(root / "model"), "--out", str(root / "out"), "--calib-tokens",
-                 "1024", "--chunk", "128", "--quiet"]
+                 "1024", "--chunk", "128", "--quiet", "--maps", str(root / "out" / "maps-S2.safetensors")]
     assert main([*main_args, "--text", str(root / "other.txt"), "--json", str(root / "d.json"), *depth]) == 0
     rep = json.loads((root / "d.json").read_text())
     assert rep["splits"] == [2] and len(rep["loss"]["documents"]) == 2 and len(rep["needles"]["trials"]) == 1

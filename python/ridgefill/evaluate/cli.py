@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..calibrate import special_prefix
-from ..cli import SELECT_HELP, parse_lam, parse_select
+from ..cli import SELECT_HELP, add_calib_set, parse_lam, parse_select
 from ..errors import InputError
 
 
@@ -73,7 +73,9 @@ def _common(p: argparse.ArgumentParser, json_default: str) -> None:
     p.add_argument("--lam", type=parse_lam, default="auto", help="ridge λ for maps fitted here: a number or 'auto' (default)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--maps", default=None, metavar="FILE", help="a maps file to evaluate (its split must be the "
-                   "one asked); default: fit or reuse <out>/maps-S<S>.safetensors on the bundled calibration novels")
+                   "one asked); default: fit or reuse <out>/maps-S<S>.safetensors on the shipped calibration set "
+                   "(--calib-set)")
+    add_calib_set(p, "; for maps fitted or reused in --out and key scales (a --maps file is used as it is)")
     p.add_argument("--text", nargs="+", action="extend", default=None, metavar="FILE",
                    help="UTF-8 text files to evaluate on (documents, needle haystack) instead of the bundled "
                         "evaluation novels; documents overlapping the maps' calibration text are refused")
@@ -201,7 +203,7 @@ def _maps(a, model, tok, name, splits, needed: bool):
         maps.check_model(model, maps.split)
         return {maps.split: maps}
     return maps_for_splits(model, tok, name, splits, out=a.out, calib_tokens=a.calib_tokens, chunk=a.chunk,
-                           lam=a.lam, progress=not a.quiet)
+                           lam=a.lam, progress=not a.quiet, calib_set=a.calib_set)
 
 
 def _header(a, name, model, kind: str) -> dict:
@@ -305,14 +307,14 @@ def _loss_header(a, model) -> dict:
 
 
 def _key_scales(a, model, tok, maps, splits) -> dict:
-    """Key-scale corrections fitted on ``--key-scale-tokens`` tokens of the calibration books (chunks
-    spread evenly over them, as for the maps)."""
-    from ..assets import CALIBRATION_BOOKS, load_texts
+    """Key-scale corrections fitted on ``--key-scale-tokens`` tokens of the shipped calibration set
+    (``--calib-set``; chunks spread evenly over its texts, as for the maps)."""
+    from ..assets import DEFAULT_CALIBRATION_SET, calibration_texts
     from ..calibrate import calibration_chunks
     from .splice import fit_key_scales
 
-    texts = load_texts()
-    chunks = calibration_chunks(tok, {k: texts[k] for k in CALIBRATION_BOOKS}, a.key_scale_tokens, a.chunk)
+    texts = calibration_texts(a.calib_set or DEFAULT_CALIBRATION_SET)
+    chunks = calibration_chunks(tok, texts, a.key_scale_tokens, a.chunk)
     out = {}
     for s in splits:
         _say(a, f"fitting key scales at S={s} on {len(chunks)} chunks of {a.chunk} tokens")

@@ -55,17 +55,27 @@ def maps_path(out: str | Path, split: int) -> Path:
 
 def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: Sequence[int], *,
                     out: str | Path = "ridgefill-out", calib_tokens: int = 65536, chunk: int = 1024,
-                    lam: float | str = "auto", progress: bool = True) -> dict[int, RidgeMaps]:
+                    lam: float | str = "auto", progress: bool = True, calib_set: str | None = None
+                    ) -> dict[int, RidgeMaps]:
     """Maps for every split: load ``<out>/maps-S<S>.safetensors`` (with its statistics file, when there is
-    one) when it fits the model and was fitted
-    with the same λ spec, chunk and (at least about) ``calib_tokens`` tokens; fit the missing splits
-    together in one pass over :data:`ridgefill.assets.CALIBRATION_BOOKS` and save them there.
+    one) when it fits the model and was fitted on the shipped calibration set ``calib_set``
+    (:func:`ridgefill.run.calibration_mismatch`; ``None``: the default set,
+    :data:`ridgefill.assets.DEFAULT_CALIBRATION_SET`) with the same λ spec, chunk and (at least about)
+    ``calib_tokens`` tokens; fit the missing splits together in one pass over that set's texts
+    (:func:`ridgefill.assets.calibration_texts`) and save them there.
 
     Returns:
         ``{S: RidgeMaps}``.
+
+    Raises:
+        InputError: an unknown ``calib_set``.
     """
-    from ..assets import CALIBRATION_BOOKS, load_texts
+    from ..assets import DEFAULT_CALIBRATION_SET, calibration_texts
     from ..calibrate import calibrate_many
+    from ..run import calibration_mismatch
+
+    calib_set = calib_set or DEFAULT_CALIBRATION_SET
+    calib = calibration_texts(calib_set)  # an unknown set fails here, before any file is read
 
     result: dict[int, RidgeMaps] = {}
     missing = []
@@ -75,17 +85,20 @@ def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: 
             try:
                 maps = load_maps(path)
                 maps.check_model(model, split)
+                other_text = calibration_mismatch(maps.meta, calib_set)
                 if (maps.meta.get("calibration_tokens", 0) >= calib_tokens * (1 - 1 / 8)
-                        and maps.meta.get("lambda_spec") == str(lam) and maps.meta.get("chunk") == chunk):
+                        and maps.meta.get("lambda_spec") == str(lam) and maps.meta.get("chunk") == chunk
+                        and other_text is None):
                     attach_stats(maps, path)  # the statistics (re-solves with another λ) and the means
                     result[split] = maps
                     continue
+                if other_text is not None:
+                    print(f"existing maps at {path} not usable ({other_text}); calibrating anew")
             except (MapsFormatError, MapsMismatchError) as e:
                 print(f"existing maps at {path} not usable ({e}); calibrating anew")
         missing.append(split)
     if missing:
-        texts = load_texts()
-        fitted = calibrate_many(model, tokenizer, {k: texts[k] for k in CALIBRATION_BOOKS}, splits=missing,
+        fitted = calibrate_many(model, tokenizer, calib, splits=missing,
                                 tokens=calib_tokens, chunk=chunk, lam=lam, model_name=model_name,
                                 progress=progress)
         for split, maps in fitted.items():
