@@ -10,7 +10,9 @@ it cuts ``--docs`` documents of ``--doc-tokens`` tokens evenly spaced over the f
 the ridge fill with every maps file given (:func:`ridgefill.evaluate.loss.score_documents`; the
 exact, local-window, identity and none passes run once per document and are shared by all maps).
 ΔNLL vs exact with 95 % bootstrap intervals over documents, on all exact-row tokens and on key
-tokens (:func:`ridgefill.evaluate.loss.summarise`).
+tokens (:func:`ridgefill.evaluate.loss.summarise`), and, with two or more maps files, the paired
+difference of every fill minus ``--reference`` on the same documents, on all exact-row tokens and on key
+tokens (``paired_vs_reference``, ``paired_key_tokens_vs_reference``).
 
 Usage::
 
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--select", action="store_true", help="also score the ridge fill with the default query-aware "
                     "row selection (ridge+sel@NAME)")
     ap.add_argument("--reference", default="ridge@novels", help="fill the paired differences are taken against "
-                    "(all exact-row tokens; default ridge@novels, the bundled calibration's domain)")
+                    "(all exact-row tokens and key tokens; default ridge@novels, maps fitted on the novels)")
     ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
@@ -58,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from ridgefill.assets import load_model
     from ridgefill.calibrate import special_prefix
-    from ridgefill.evaluate.loss import DocScores, bootstrap_ci, key_token_stats, score_documents, summarise, tail_nll
+    from ridgefill.evaluate.loss import (DocScores, bootstrap_ci, key_token_mask, key_token_stats, score_documents,
+                                         summarise, tail_nll)
     from ridgefill.fileio import write_json
     from ridgefill.maps import load_maps, maps_digest
     from ridgefill.overlap import check_disjoint, text_fingerprint
@@ -133,13 +136,18 @@ def main(argv: list[str] | None = None) -> int:
                 write_json(cache, saved)
             for r, v in zip(recs, saved["nll"]):
                 r.fill[f"{fill}@{k}"] = v
-        paired = {}
+        paired, paired_key = {}, {}
         if a.reference in {f"ridge@{k}" for k in maps} and len(maps) > 1:  # each fill minus the reference fill
+            keys = [key_token_mask(torch.tensor(r.exact), torch.tensor(r.local), a.tau).tolist() for r in recs]
             for v in recs[0].fill:
                 if v != a.reference:
                     diff = [sum(x - y for x, y in zip(r.fill[v], r.fill[a.reference])) for r in recs]
                     paired[v] = bootstrap_ci(diff, [len(r.exact) for r in recs], resamples=a.resamples).as_dict()
+                    diff = [sum(x - y for x, y, k in zip(r.fill[v], r.fill[a.reference], m) if k)
+                            for r, m in zip(recs, keys)]
+                    paired_key[v] = bootstrap_ci(diff, [sum(m) for m in keys], resamples=a.resamples).as_dict()
         report["domains"][dom] = {"file": path.name, "documents": labels, "paired_vs_reference": paired,
+                                  "paired_key_tokens_vs_reference": paired_key,
                                   "summary": summarise(recs, tau=a.tau, resamples=a.resamples),
                                   "key_tokens": key_token_stats(recs, a.tau)}
     write_json(a.out, report)
@@ -171,15 +179,17 @@ def markdown(report: dict) -> str:
                 cells.append(f"{e['mean']:+.3f} [{e['ci'][0]:+.3f}, {e['ci'][1]:+.3f}]")
             out.append(f"| {dom} | {first['delta_nll']['tokens']} | {first['exact_nll']:.3f} | " + " | ".join(cells) + " |")
         out.append("")
-    paired = {dom: d.get("paired_vs_reference") for dom, d in report["domains"].items()}
-    if any(paired.values()):
-        cols = list(next(p for p in paired.values() if p))
-        out += [f"**Paired difference vs {report.get('reference')}** (all exact-row tokens, nats/token, [95 % CI])", "",
-                "| evaluated on | " + " | ".join(cols) + " |", "| --- | " + " | ".join("---:" for _ in cols) + " |"]
-        for dom, p in paired.items():
-            out.append(f"| {dom} | " + " | ".join(f"{p[c]['mean']:+.3f} [{p[c]['ci'][0]:+.3f}, {p[c]['ci'][1]:+.3f}]"
-                                                  for c in cols) + " |")
-    return "\n".join(out)
+    for field, what in (("paired_vs_reference", "all exact-row tokens"), ("paired_key_tokens_vs_reference", "key tokens")):
+        paired = {dom: d.get(field) for dom, d in report["domains"].items()}
+        if any(paired.values()):
+            cols = list(next(p for p in paired.values() if p))
+            out += [f"**Paired difference vs {report.get('reference')}** ({what}, nats/token, [95 % CI])", "",
+                    "| evaluated on | " + " | ".join(cols) + " |", "| --- | " + " | ".join("---:" for _ in cols) + " |"]
+            for dom, p in paired.items():
+                out.append(f"| {dom} | " + " | ".join(f"{p[c]['mean']:+.3f} [{p[c]['ci'][0]:+.3f}, {p[c]['ci'][1]:+.3f}]"
+                                                      for c in cols) + " |")
+            out.append("")
+    return "\n".join(out).rstrip("\n")
 
 
 if __name__ == "__main__":
