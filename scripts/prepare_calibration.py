@@ -37,6 +37,7 @@ import os
 import platform
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -51,7 +52,9 @@ README_MARKER = "<!-- technical calibration texts: written by scripts/prepare_ca
 HANDBOOK_ATTRIBUTION = ("*The Debian Administrator's Handbook* (Debian 11 edition), by Raphaël Hertzog and "
                         "Roland Mas; copyright 2003-2015 Raphaël Hertzog, 2006-2015 Roland Mas, 2013-2015 "
                         "Freexian SARL")
-PSF_NOTICE = ("Copyright © 2001-2023 Python Software Foundation; All Rights Reserved")
+#: PSF's notice of copyright, as the PSF License Agreement of Python 3.11.7 words it (its clause 2).
+PSF_NOTICE = ("Copyright (c) 2001, 2002, 2003, 2004, 2005, 2006, 2007, 2008, 2009, 2010, 2011, 2012, 2013, 2014, "
+              "2015, 2016, 2017, 2018, 2019, 2020, 2021, 2022, 2023 Python Software Foundation; All Rights Reserved")
 
 
 class PrepareError(Exception):
@@ -104,6 +107,29 @@ def build(deb: Path, work: Path) -> dict[str, dict]:
     }
 
 
+def psf_agreement() -> str:
+    """The PSF License Agreement (version 2) from the running interpreter's ``LICENSE.txt``, as it stands
+    there (from its title to the next agreement's).
+
+    Raises:
+        PrepareError: no ``LICENSE.txt`` beside the standard library, or no PSF agreement in it.
+    """
+    path = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PrepareError(f"cannot read the interpreter's licence file ({exc}); run with a Python "
+                           f"{PYTHON_VERSION} that ships LICENSE.txt in its standard library") from None
+    start, end = text.find("PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2"), text.find("BEOPEN.COM LICENSE AGREEMENT")
+    if start < 0 or end < start:
+        raise PrepareError(f"{path.name} of this interpreter holds no PSF License Agreement version 2")
+    agreement = text[start:end].strip() + "\n"
+    if " ".join(PSF_NOTICE.split()) not in " ".join(agreement.replace('"', " ").split()):
+        raise PrepareError("the interpreter's PSF License Agreement words its copyright notice differently from "
+                           "PSF_NOTICE; update PSF_NOTICE")
+    return agreement
+
+
 def readme_section(records: dict[str, dict], blobs: dict[str, bytes]) -> str:
     """This script's part of data/README.md, starting with :data:`README_MARKER`."""
     rows = "\n".join(
@@ -148,9 +174,13 @@ Only calibration text is shipped. The evaluation parts of the cross-domain measu
   described above (markup, navigation and tables of contents removed); the wording is unchanged. The
   file, as an adaptation, is under the same licence; it is not covered by RidgeFill's Apache-2.0.
 - `stdlib.json.xz`: Python {PYTHON_VERSION} standard-library source, under the Python Software
-  Foundation License Version 2 (PSF-2.0). {PSF_NOTICE}. The PSF License Agreement asks that its
-  notice be retained: the licence text is in the interpreter's `LICENSE.txt` (section "PSF LICENSE
-  AGREEMENT FOR PYTHON") and at https://docs.python.org/3/license.html. The modules are unmodified.
+  Foundation License Version 2 (PSF-2.0): "{PSF_NOTICE}". Changes (the summary its clause 3 asks
+  for): none to the modules; they are only concatenated, each headed by a `# file: <name>` line. The
+  agreement, as the interpreter's `LICENSE.txt` holds it:
+
+```
+{psf_agreement().rstrip()}
+```
 
 ## Contents
 
