@@ -19,7 +19,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from ridgefill import prefill
-from ridgefill.select import Select
+from ridgefill.select import Select, Selection, as_selection
 from ridgefill.ridge import RidgeStats, fit_maps
 
 from crossval import tally
@@ -28,6 +28,8 @@ from crossval.models import CONFIGS, fitted_maps, kv, prompts, tiny_llama
 selects = st.builds(Select, budget=st.integers(1, 12), before=st.integers(0, 3), after=st.integers(0, 4),
                     queries=st.integers(1, 3), heads=st.sampled_from(["sum", "max"]), rounds=st.integers(1, 2),
                     sink=st.integers(0, 1))
+# one Select, or a Selection of two parts (each its own budget, scored in the same first pass)
+selects = st.one_of(selects, st.tuples(selects, selects).map(Selection))
 
 
 @given(prompts(min_rows=4), st.sampled_from(["ridge", "identity"]), selects)
@@ -41,7 +43,8 @@ def test_selection_keeps_every_row_and_equals_the_one_pass_prefill(prompt, mode,
     chosen = res.selected
     assert chosen.numel() <= sel.budget_rows(n)
     assert bool((chosen < n - tail).all()) and torch.equal(chosen, torch.unique(chosen))
-    assert set(range(min(sel.sink, n - tail, sel.budget_rows(n)))) <= set(chosen.tolist())
+    first = as_selection(sel).parts[0]  # the first part chooses first: its sink rows are exact
+    assert set(range(min(first.sink, n - tail, first.budget_rows(n)))) <= set(chosen.tolist())
     one = prefill(model, ids, maps, tail=tail, exact_rows=chosen.tolist(), mode=mode, split=split, logits="exact")
     torch.testing.assert_close(res.logits, one.logits, rtol=0, atol=1e-5)
     for layer in range(CONFIGS[index][1]):

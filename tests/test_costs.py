@@ -40,9 +40,10 @@ def test_closed_form_equals_brute_force(n, split, tail):
 
 
 def brute_force_selected(shape: ModelShape, n: int, split: int, tail: int, chosen: list[int], rounds: int,
-                         kv_maps: bool = False) -> int:
+                         kv_maps: bool = False, queries: int = 1) -> int:
     """Two-pass selection counted pass by pass: pass 1 fills every filled row and runs the tail; each
-    round scores with the last row (one more attention row) and reruns the tail and the chosen rows."""
+    round scores with the last ``queries`` rows (each one more attention row over all ``n`` keys) and
+    reruns the tail and the chosen rows."""
     d, H, Hk, h, I, V = shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate, shape.vocab
     full_row = lambda p: 2 * d * H * h + 2 * 2 * d * Hk * h + 2 * H * h * d + 2 * 3 * d * I + 4 * H * h * (p + 1)
     total = 2 * d * V
@@ -54,16 +55,20 @@ def brute_force_selected(shape: ModelShape, n: int, split: int, tail: int, chose
             total += (2 * d * 2 * Hk * h + 2 * Hk * h) if kv_maps else (2 * d * d + d + 2 * 2 * d * Hk * h)
         total += sum(full_row(p) for p in range(n - tail, n))
         for _ in range(rounds):
-            total += 4 * H * h * n  # the scores: the last row's attention over its n keys
+            total += queries * 4 * H * h * n  # the scores: each query row's attention, counted over n keys
             total += sum(full_row(p) for p in sorted(chosen) + list(range(n - tail, n)))
     return total
 
 
-@pytest.mark.parametrize("chosen,rounds,kv_maps", [([0, 3, 4, 9], 1, False), ([1, 2], 2, False), ([5], 1, True)])
-def test_selection_cost_equals_brute_force(chosen, rounds, kv_maps):
+@pytest.mark.parametrize("chosen,rounds,kv_maps,queries", [([0, 3, 4, 9], 1, False, 1), ([1, 2], 2, False, 1),
+                                                            ([5], 1, True, 1), ([0, 7, 8], 1, False, 4)])
+def test_selection_cost_equals_brute_force(chosen, rounds, kv_maps, queries):
     n, split, tail = 20, 1, 6
-    got = fill_cost(SMALL, n, split, tail, selected=chosen, rounds=rounds, kv_maps=kv_maps).flops
-    assert got == brute_force_selected(SMALL, n, split, tail, chosen, rounds, kv_maps)
+    got = fill_cost(SMALL, n, split, tail, selected=chosen, rounds=rounds, kv_maps=kv_maps, queries=queries).flops
+    assert got == brute_force_selected(SMALL, n, split, tail, chosen, rounds, kv_maps, queries)
+    # more query rows than exact rows: only the tail's rows score
+    assert fill_cost(SMALL, n, split, tail, selected=chosen, rounds=rounds, queries=99).flops == \
+        brute_force_selected(SMALL, n, split, tail, chosen, rounds, queries=tail)
     assert ideal_ratio(SMALL, n, split, tail, selected=chosen) < ideal_ratio(SMALL, n, split, tail)
     with pytest.raises(InputError, match="filled rows"):
         fill_cost(SMALL, n, split, tail, selected=[n - 1])

@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache
 
 from ridgefill import InputError, MapsFormatError, prefill
-from ridgefill.select import Select, choose_rows, local_contrast
+from ridgefill.select import Select, Selection, choose_rows, local_contrast
 from conftest import oracle_maps, reference, tiny_llama
 from test_gemma3 import tiny_gemma3
 
@@ -43,7 +43,9 @@ def maps(llama, ids):
 
 @pytest.mark.parametrize("mode", ["ridge", "identity"])
 @pytest.mark.parametrize("fast", [True, False])
-@pytest.mark.parametrize("sel", [Select(budget=12, before=1, after=3), Select(budget=0.2, queries=4, heads="max", rounds=2)])
+@pytest.mark.parametrize("sel", [Select(budget=12, before=1, after=3), Select(budget=0.2, queries=4, heads="max", rounds=2),
+                                 Selection((Select(budget=6, before=1, after=3),
+                                            Select(budget=6, queries=8, heads="sum", before=0, after=1, contrast=0)))])
 def test_two_pass_equals_one_pass_with_the_chosen_rows(llama, ids, maps, mode, fast, sel):
     res = prefill(llama, ids, maps, tail=8, mode=mode, split=S, select=sel, logits="exact", fast=fast)
     chosen = res.selected
@@ -94,7 +96,7 @@ def test_scores_are_the_exact_attention_with_oracle_maps():
             x = ad.layer(layer, x, rope, pos, torch.empty(shape), torch.empty(shape))
         fill = _LateFill(ad, range(S + 1, ad.num_layers), x, rope, _fill_maps("ridge", maps, x), None, True, False)
         scorer = _AttentionScores(ad, n, Select(heads="sum"))
-        fill.run(torch.arange(n - 6, n), scorer)
+        fill.run(torch.arange(n - 6, n), [scorer])
     torch.testing.assert_close(scorer.scores, want, rtol=0, atol=5e-4)
     # the best filled rows (the same ones the exact attention prefers) are what choose_rows takes first
     cand = torch.ones(n, dtype=torch.bool)
@@ -234,3 +236,45 @@ def test_leverage_selection_is_one_pass_with_the_chosen_rows(llama, ids, maps):
     assert lev.tolist() == pytest.approx([0.0, 1 / (1 + eps), 1 / (2 + eps)], rel=1e-6)
     with pytest.raises(InputError, match="calibration mean and covariance"):
         prefill(llama, ids, None, tail=3, mode="identity", split=maps.split, select=sel)
+
+
+def test_selection_parts_choose_in_order_within_their_own_budgets(llama, ids, maps):
+    wide = Select(budget=7, before=1, after=3)
+    narrow = Select(budget=5, queries=8, heads="sum", before=0, after=1, contrast=0)
+    alone = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=wide).selected
+    both = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=Selection((wide, narrow))).selected
+    assert alone.numel() == 7  # the first part chooses from the same first-pass scores as alone
+    assert set(alone.tolist()) < set(both.tolist())
+    assert both.numel() == 12  # the second part adds its own 5 rows, none of them already chosen
+    assert both.max() < ids.shape[1] - 8
+    assert Selection((wide, narrow)).budget_rows(ids.shape[1]) == 12
+    assert Selection((wide, narrow)).queries == 9 and Selection((wide, narrow)).rounds == 1
+
+
+def test_selection_parse_and_errors():
+    sel = Select.parse("budget=0.025+budget=0.025,queries=256,before=0,after=3,contrast=0")
+    assert sel == Selection((Select(budget=0.025), Select(budget=0.025, queries=256, before=0, after=3, contrast=0)))
+    assert sel.budget_rows(2048) == 51 + 51
+    assert str(sel).count("Select(") == 2
+    assert Select.parse("prompt+on") == Selection((Select(by="leverage", before=16, after=16, contrast=0), Select()))
+    with pytest.raises(InputError, match="Select parts"):
+        Selection(())
+    with pytest.raises(InputError, match="not key=value"):
+        Select.parse("budget=0.02+bogus")
+
+
+def test_selection_with_a_query_agnostic_part_equals_one_pass(llama, ids, maps):
+    """A leverage part (chosen before the late layers) and an attention part (two passes) together:
+    the result is the one-pass fill with all chosen rows exact; the leverage part's rows are those it
+    chooses alone."""
+    import dataclasses
+
+    h = reference(llama, ids[:, :40]).hidden_states[S + 1][0].double()
+    maps = dataclasses.replace(maps, mean_h=h.mean(0).float(), cov_h=torch.cov(h.T, correction=0).float())
+    lev = Select.parse("prompt,budget=5")
+    sel = Selection((lev, Select(budget=6, before=1, after=2)))
+    res = prefill(llama, ids, maps, tail=8, mode="ridge", select=sel, logits="exact")
+    alone = prefill(llama, ids, maps, tail=8, mode="ridge", select=lev).selected
+    assert set(alone.tolist()) < set(res.selected.tolist()) and res.selected.numel() == 11
+    one = prefill(llama, ids, maps, tail=8, mode="ridge", exact_rows=res.selected.tolist(), logits="exact")
+    assert_same_prefill(res, one, llama.config.num_hidden_layers)

@@ -51,6 +51,7 @@ from .costs import ModelShape, exact_cost, fill_cost, ideal_ratio
 from .errors import InputError
 from .fill import prefill
 from .maps import RidgeMaps
+from .select import as_selection
 
 __all__ = ["BenchConfig", "PRESETS", "add_subcommand", "bench", "format_table", "random_model", "timing_maps"]
 
@@ -308,8 +309,9 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     extra = {}
     if select is not None:
         chosen = prefill(model, ids, maps, tail=tail, mode="ridge", select=select).selected.tolist()
-        rounds = select.rounds if select.by == "attention" else 0  # leverage: chosen up front, one pass
-        sel_ideal = ideal_ratio(model.config, n, maps.split, tail, selected=chosen, rounds=rounds)
+        sel = as_selection(select)  # leverage parts: chosen up front; attention parts: rounds + 1 passes
+        sel_ideal = ideal_ratio(model.config, n, maps.split, tail, selected=chosen, rounds=sel.rounds,
+                                queries=sel.queries)
         sel_ratio = statistics.median(e / f for e, f in zip(times["exact"], times["sel"]))
         extra = {"sel_s": statistics.median(times["sel"]), "sel_s_all": times["sel"], "sel_ratio": sel_ratio,
                  "sel_ideal": sel_ideal, "sel_measured_over_ideal": sel_ratio / sel_ideal, "sel_rows": len(chosen),

@@ -186,7 +186,8 @@ def exact_cost(shape: ModelShape, n: int, *, bytes_per_value: int = 2) -> Prefil
 
 
 def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = True,
-              bytes_per_value: int = 2, selected=(), rounds: int = 1, kv_maps: bool = False) -> PrefillCost:
+              bytes_per_value: int = 2, selected=(), rounds: int = 1, kv_maps: bool = False,
+              queries: int = 1) -> PrefillCost:
     """Cost of the fill prefill of ``n`` rows at split ``S = split`` with ``T = tail`` exact rows.
 
     Args:
@@ -206,6 +207,10 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
         rounds: selection rounds (with ``selected``); ``0``: the rows were chosen before the late layers
             from the prompt alone (``Select(by="leverage")``): one pass with the tail and the chosen rows
             exact, plus the leverage scores (a ``d × d`` solve and ``2·d²`` FLOPs per row).
+        queries: query rows whose attention scores the filled rows per round (``Select.queries``; for
+            a :class:`~ridgefill.select.Selection` the sum over its attention parts), each counted as
+            one more attention row of the last position in every late layer (an upper bound: the
+            scoring runs only in layers with a kept head).
         kv_maps: K/V maps (kind ``"kv"``): each filled row's map is ``2·d·(2·H_kv·h) + 2·H_kv·h``
             FLOPs and replaces the map and the K/V projections.
 
@@ -233,7 +238,7 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
     map_flops = (2 * shape.hidden * kv_out + kv_out) if kv_maps else (shape.map_flops if maps else 0)
     kv_flops = 0 if kv_maps else shape.kv_flops
     chosen_attention = sum(shape.attention_flops(p, p + 1) for p in selected)
-    scoring = passes * shape.attention_flops(n - 1, n)
+    scoring = passes * min(queries, tail) * shape.attention_flops(n - 1, n)
     parts = {
         "projections": lower * n * shape.projection_flops + late * (kv_rows * kv_flops + exact_rows * shape.projection_flops),
         "mlp": (lower * n + late * exact_rows) * shape.mlp_flops,
@@ -252,14 +257,15 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
 
 
 def ideal_ratio(config_or_shape, n: int, split: int, tail: int, *, maps: bool = True, selected=(),
-                rounds: int = 1, kv_maps: bool = False) -> float:
+                rounds: int = 1, kv_maps: bool = False, queries: int = 1) -> float:
     """``exact_cost(N).flops / fill_cost(N, S, T, ...).flops``: the speed-up of an ideal fill path when
     prefill is compute-bound. Accepts a ``transformers`` config or a :class:`ModelShape`; ``selected``,
-    ``rounds`` and ``kv_maps`` as in :func:`fill_cost`.
+    ``rounds``, ``kv_maps`` and ``queries`` as in :func:`fill_cost`.
 
     Raises:
         InputError: a size out of range or a config without the needed fields.
     """
     shape = config_or_shape if isinstance(config_or_shape, ModelShape) else ModelShape.from_config(config_or_shape)
-    cost = fill_cost(shape, n, split, tail, maps=maps, selected=selected, rounds=rounds, kv_maps=kv_maps)
+    cost = fill_cost(shape, n, split, tail, maps=maps, selected=selected, rounds=rounds, kv_maps=kv_maps,
+                     queries=queries)
     return exact_cost(shape, n).flops / cost.flops

@@ -41,7 +41,7 @@ from .adapters import adapter_for
 from .adapters.base import record_sliding_windows, trim_sliding_windows, write_rows
 from .errors import InputError, NonFiniteError
 from .maps import RidgeMaps
-from .select import AttentionScores, Select, choose_rows, leverage_scores
+from .select import AttentionScores, Select, Selection, as_selection, choose_rows, leverage_scores
 from .validate import binds_prompt, check_choice, check_int, check_rows, prompt_digest
 
 Mode = Literal["ridge", "centred", "identity", "none", "exact"]
@@ -158,7 +158,9 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         select: a :class:`Select` to choose further exact rows: from the exact rows' late-layer
             attention (``by="attention"``: two passes; fill modes other than ``"none"``), or from the
             prompt alone (``by="leverage"``: one pass, any fill mode; ``maps`` with a calibration
-            covariance must be given, also for ``"identity"`` and ``"none"``). ``None``: no selection.
+            covariance must be given, also for ``"identity"`` and ``"none"``); or a :class:`Selection`
+            of several such parts, each with its own budget (leverage parts first, then the attention
+            parts, all scored in the same first pass). ``None``: no selection.
 
     Returns:
         :class:`PrefillResult`; with ``select`` its ``selected`` holds the chosen rows (also in
@@ -178,8 +180,8 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             or input_ids.dtype != torch.long:
         got = f"{input_ids.dtype} {tuple(input_ids.shape)}" if isinstance(input_ids, Tensor) else type(input_ids).__name__
         raise InputError(f"input_ids must be an int64 tensor [batch, rows]; got {got}")
-    if select is not None and not isinstance(select, Select):
-        raise InputError(f"select must be a ridgefill.select.Select or None; got {type(select).__name__}")
+    if select is not None and not isinstance(select, (Select, Selection)):
+        raise InputError(f"select must be a ridgefill.select.Select, a Selection or None; got {type(select).__name__}")
     if select is not None and (mode == "exact" or (mode == "none" and select.by == "attention")):
         raise InputError(f"select chooses exact rows from the attention to the filled rows' K/V; mode {mode!r} "
                          "has none: use it with 'ridge', 'centred' or 'identity' (or select by='leverage')")
@@ -245,40 +247,41 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     kind = maps.kind if mode == "ridge" else "inputs"
     fill = _LateFill(adapter, range(split + 1, L), x, rope, _fill_maps(mode, maps, x), kv_hook,
                      fast and kv_hook is None and kind == "inputs", none=mode == "none", kind=kind, state=state)
-    selected = torch.zeros(0, dtype=torch.long, device=device)
-    rounds = select.rounds if select is not None and select.by == "attention" else 0
-    budget = select.budget_rows(n) if select is not None else 0
-    if select is not None and select.by == "leverage":  # query-agnostic: chosen from h_S, before the late layers
-        if maps is None or maps.mean_h is None or maps.cov_h is None:
-            raise InputError("select by='leverage' needs maps with the calibration mean and covariance of h_S "
-                             "(RidgeMaps.mean_h, cov_h): pass maps fitted by this version of `ridgefill calibrate` "
-                             "(or loaded with their statistics file)")
-        maps.check_model(model, split)
+    parts = as_selection(select).parts if select is not None else ()
+    taken = [torch.zeros(0, dtype=torch.long, device=device) for _ in parts]  # rows each part chose
+
+    def choose(part: int, scores: Tensor, budget: int) -> None:
+        nonlocal ex
         filled = torch.ones(n, dtype=torch.bool, device=device)
         filled[ex] = False
-        selected = choose_rows(leverage_scores(x, maps.mean_h, maps.cov_h), filled, select, budget)
-        ex = torch.unique(torch.cat([ex, selected]))
-    for r in range(rounds + 1):
-        scorer = None
-        if r < rounds:
-            scorer = AttentionScores(adapter, n, select)
-        out = fill.run(ex, scorer)
-        if scorer is None:
-            break
-        share = budget * (r + 1) // rounds - selected.numel()
-        filled = torch.ones(n, dtype=torch.bool, device=device)
-        filled[ex] = False
-        new = choose_rows(scorer.scores, filled, select, share)
-        if new.numel() == 0:
-            break
-        selected = torch.cat([selected, new]).sort().values
+        new = choose_rows(scores, filled, parts[part], budget - taken[part].numel())
+        taken[part] = torch.cat([taken[part], new])
         ex = torch.unique(torch.cat([ex, new]))
+
+    for i, part in enumerate(parts):  # query-agnostic parts: chosen from h_S, before the late layers
+        if part.by == "leverage":
+            if maps is None or maps.mean_h is None or maps.cov_h is None:
+                raise InputError("select by='leverage' needs maps with the calibration mean and covariance of h_S "
+                                 "(RidgeMaps.mean_h, cov_h): pass maps fitted by this version of `ridgefill calibrate` "
+                                 "(or loaded with their statistics file)")
+            maps.check_model(model, split)
+            choose(i, leverage_scores(x, maps.mean_h, maps.cov_h), part.budget_rows(n))
+    rounds = max((p.rounds for p in parts if p.by == "attention"), default=0)
+    for r in range(rounds + 1):  # attention parts: score in this pass, choose, rerun the exact rows
+        scorers = {i: AttentionScores(adapter, n, p) for i, p in enumerate(parts) if p.by == "attention" and r < p.rounds}
+        out = fill.run(ex, list(scorers.values()))
+        before = ex.numel()
+        for i, scorer in scorers.items():
+            choose(i, scorer.scores, parts[i].budget_rows(n) * (r + 1) // parts[i].rounds)
+        if ex.numel() == before:
+            break
+    selected = torch.cat(taken).sort().values if parts else None
 
     result = adapter.logits(out[:, -1:] if logits == "last" else out)
     _check_finite(result, "the logits of the exact rows")
     late_k, late_v = fill.cache_rows(ex)
     cache = adapter.build_cache(keys + late_k, values + late_v)
-    return PrefillResult(cache, result, ex, split, mode, selected if select is not None else None)
+    return PrefillResult(cache, result, ex, split, mode, selected)
 
 
 def _fill_maps(mode: str, maps: RidgeMaps | None, like: Tensor) -> tuple[Tensor, Tensor] | None:
@@ -366,9 +369,10 @@ class _LateFill:
             self.keys.index_copy_(3, fl, outs[0])
             self.values.index_copy_(3, fl, outs[1])
 
-    def run(self, ex: Tensor, scorer: AttentionScores | None = None) -> Tensor:
+    def run(self, ex: Tensor, scorers: list[AttentionScores] = ()) -> Tensor:
         """Run the exact rows ``ex`` (sorted ``int64`` ``[E]``) through the late layers; returns their
-        output of the last layer ``[batch, E, d]``. ``scorer`` records the last rows' attention."""
+        output of the last layer ``[batch, E, d]``. Each of ``scorers`` records the attention of its
+        last ``select.queries`` exact rows."""
         self._write_filled(ex)
         n = self.h.shape[1]
         visible = None
@@ -376,14 +380,14 @@ class _LateFill:
             visible = torch.zeros(n, dtype=torch.bool, device=self.h.device)
             visible[ex] = True
         x, rope_ex = _rows(self.h, ex, 1), self.rope.rows(ex)
-        q = min(scorer.select.queries, ex.numel()) if scorer is not None else 0
         for i, layer in enumerate(self.late):
             x_in = x
             if not self.attention[i]:  # exact rows continue the recurrent state (filled rows advanced it)
                 x = self.adapter.layer(layer, x, rope_ex, ex, self.state, None)
                 continue
             x = self.adapter.layer(layer, x, rope_ex, ex, self.keys[i], self.values[i], visible=visible)
-            if scorer is not None:
+            for scorer in scorers:
+                q = min(scorer.select.queries, ex.numel())
                 scorer.add(layer, x_in[:, -q:], rope_ex.rows(slice(-q, None)), ex[-q:], self.keys[i], visible)
         return x
 

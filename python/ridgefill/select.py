@@ -100,11 +100,13 @@ class Select:
         return int(self.budget * num_rows) if self.budget < 1 else int(self.budget)
 
     @classmethod
-    def parse(cls, spec: str) -> "Select | None":
+    def parse(cls, spec: str) -> "Select | Selection | None":
         """``"off"`` → ``None``; else ``key=value`` pairs separated by commas, e.g.
-        ``"budget=0.025,before=2,after=12,queries=1,heads=sum,rounds=1,contrast=0"`` (missing keys: defaults);
-        ``"on"`` for all defaults; ``"prompt"`` for the query-agnostic choice
-        (``by=leverage,before=16,after=16,contrast=0``), to which further pairs may be added after a comma.
+        ``"budget=0.025,before=2,after=12,queries=1,heads=sum,rounds=1,contrast=0"`` (missing keys: the
+        :class:`Select` defaults); ``"on"`` for :data:`DEFAULT_SELECT`; ``"prompt"`` for the query-agnostic
+        choice (``by=leverage,before=16,after=16,contrast=0``), to which further pairs may be added after a
+        comma. Parts joined by ``+`` make a :class:`Selection` (each part its own budget and scoring), e.g.
+        ``"budget=0.025+budget=0.025,queries=256,before=0,after=3,contrast=0"``.
 
         Raises:
             InputError: an unknown key or a value of the wrong type.
@@ -113,6 +115,15 @@ class Select:
         if spec in ("off", "none", ""):
             return None
         if spec in ("on", "default"):
+            return DEFAULT_SELECT
+        if "+" in spec:
+            return Selection(tuple(cls._parse_part(part) for part in spec.split("+")))
+        return cls._parse_part(spec)
+
+    @classmethod
+    def _parse_part(cls, spec: str) -> "Select":
+        spec = spec.strip()
+        if spec in ("on", "default", ""):
             return cls()
         kwargs: dict = {}
         if spec.split(",")[0].strip() == "prompt":
@@ -129,6 +140,55 @@ class Select:
             except ValueError:
                 raise InputError(f"select option {key}={value!r}: not a number") from None
         return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Several :class:`Select` parts in one prefill: each part scores the filled rows its own way and
+    chooses rows within its own budget, in order (a later part skips rows an earlier one chose). All
+    attention parts score in the same first pass (one recording per part) and share the second, so
+    the cost is that of one two-pass selection with the parts' query rows and chosen rows together.
+
+    A needle needs a few wide windows found by the last row's attention; the key tokens of a tail
+    (names, terms it refers back to) need many narrow windows found by every tail row's attention
+    (docs/evaluate.md, "Row selection"); a :class:`Selection` holds both.
+
+    Raises:
+        InputError: no parts, or a part that is not a :class:`Select`.
+    """
+
+    parts: tuple[Select, ...]
+
+    def __post_init__(self):
+        if not isinstance(self.parts, tuple) or not self.parts or not all(isinstance(p, Select) for p in self.parts):
+            raise InputError(f"a Selection needs a non-empty tuple of Select parts; got {self.parts!r}")
+
+    def budget_rows(self, num_rows: int) -> int:
+        """The total budget in rows for a prompt of ``num_rows`` rows (the sum of the parts')."""
+        return sum(p.budget_rows(num_rows) for p in self.parts)
+
+    @property
+    def rounds(self) -> int:
+        """Attention rounds (the most of any attention part; ``0``: every part is query-agnostic)."""
+        return max((p.rounds for p in self.parts if p.by == "attention"), default=0)
+
+    @property
+    def by(self) -> str:
+        """``"attention"`` if any part scores by attention (then the fill runs two passes), else ``"leverage"``."""
+        return "attention" if self.rounds else "leverage"
+
+    @property
+    def queries(self) -> int:
+        """Query rows scored per round, over the attention parts (they may overlap; counted apart)."""
+        return sum(p.queries for p in self.parts if p.by == "attention")
+
+    def __str__(self) -> str:
+        return " + ".join(str(p) for p in self.parts)
+
+
+def as_selection(select: "Select | Selection") -> Selection:
+    """A :class:`Select` as a one-part :class:`Selection`; a :class:`Selection` unchanged."""
+    return select if isinstance(select, Selection) else Selection((select,))
 
 
 #: The selection ``ridgefill run`` and the evaluation commands use by default (chosen from the
