@@ -236,6 +236,38 @@ def test_eval_commands_refit_maps_of_another_set_and_take_calib_set(work, capsys
     assert rep["maps"]["2"]["calibrated_on"].startswith("the shipped 'novels' set: Emma 256")
 
 
+def test_eval_maps_file_must_be_of_an_explicit_calib_set(work, capsys):
+    """``--maps FILE`` is evaluated as it is, unless ``--calib-set`` is given: then a file of another set
+    is refused, as ``ridgefill run`` refuses it."""
+    root, _, _ = work
+    args = ["--model", str(root / "model"), "--out", str(root / "evalout2"), "--quiet", "--splits", "2", "--docs", "1",
+            "--novel-docs", "0", "--doc-tokens", "200", "--tail", "32", "--window", "8", "--tau", "0.5",
+            "--resamples", "50", "--maps", str(root / "mix.safetensors")]
+    assert main(["eval", "loss", *args, "--calib-set", "mix"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "loss", *args, "--calib-set", "novels"]) != 0
+    err = capsys.readouterr().err
+    assert "does not fit --calib-set novels" in err and "not on the shipped 'novels' calibration set" in err
+
+
+def test_eval_query_agnostic_selection_in_identity_and_none_modes(work, capsys):
+    """A leverage selection needs the maps' calibration covariance in every fill mode: the evaluation
+    commands load the maps for it and pass them also in modes identity and none."""
+    root, _, _ = work
+    out = root / "evalout3"
+    args = ["--model", str(root / "model"), "--out", str(out), "--quiet", "--splits", "2", "--docs", "1",
+            "--novel-docs", "0", "--doc-tokens", "200", "--tail", "32", "--window", "8", "--tau", "0.5",
+            "--resamples", "50", "--maps", str(root / "mix.safetensors"), "--modes", "exact,identity,none",
+            "--select", "prompt,budget=8", "--select-modes", "identity,none"]
+    assert main(["eval", "loss", *args]) == 0
+    rep = json.loads((out / "loss.json").read_text())
+    variants = {r["variant"] for r in rep["summary"]}
+    assert {"2/identity", "2/identity+sel", "2/none", "2/none+sel"} <= variants
+    for mode in ("identity", "none"):
+        row = {r["variant"]: r["nll"] for r in rep["summary"] if r["set"] == "plain" and r["tokens"] == "all"}
+        assert row[f"2/{mode}+sel"] != row[f"2/{mode}"]  # the chosen rows changed the prefill
+
+
 def test_overlap_with_the_mix_is_refused(work):
     """Evaluation text holding calibration text of the mix (the handbook's first chunk, which the mix's
     evenly spaced chunks always include) is refused, from the recorded fingerprint and, for maps without

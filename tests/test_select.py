@@ -261,6 +261,9 @@ def test_selection_parse_and_errors():
         Selection(())
     with pytest.raises(InputError, match="not key=value"):
         Select.parse("budget=0.02+bogus")
+    for bad in ("on+", "+on", "on++on"):
+        with pytest.raises(InputError, match="empty part"):
+            Select.parse(bad)
 
 
 def test_selection_with_a_query_agnostic_part_equals_one_pass(llama, ids, maps):
@@ -277,4 +280,14 @@ def test_selection_with_a_query_agnostic_part_equals_one_pass(llama, ids, maps):
     alone = prefill(llama, ids, maps, tail=8, mode="ridge", select=lev).selected
     assert set(alone.tolist()) < set(res.selected.tolist()) and res.selected.numel() == 11
     one = prefill(llama, ids, maps, tail=8, mode="ridge", exact_rows=res.selected.tolist(), logits="exact")
+    assert_same_prefill(res, one, llama.config.num_hidden_layers)
+
+
+def test_rounds_with_a_budget_smaller_than_the_rounds_still_spend_it(llama, ids, maps):
+    """A round whose share rounds down to no row does not end the selection: later rounds take the
+    budget (here 3 rows over 4 rounds: 0, 1, 1, 1), from the same scores while nothing changed."""
+    sel = Select(budget=3, rounds=4, before=0, after=0, sink=0)
+    res = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=sel, logits="exact")
+    assert res.selected.numel() == 3
+    one = prefill(llama, ids, maps, tail=8, exact_rows=res.selected.tolist(), mode="ridge", split=S, logits="exact")
     assert_same_prefill(res, one, llama.config.num_hidden_layers)

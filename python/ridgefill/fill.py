@@ -132,7 +132,7 @@ def _check_finite(x: Tensor, where: str) -> None:
 def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = None, *, tail: int,
             exact_rows: Iterable[int] = (), mode: Mode = "ridge", split: int | None = None,
             logits: Literal["last", "exact"] = "last", kv_hook: KVHook | None = None,
-            fast: bool = True, select: Select | None = None) -> PrefillResult:
+            fast: bool = True, select: Select | Selection | None = None) -> PrefillResult:
     """Prefill ``input_ids`` with RidgeFill (or a baseline) and return the cache and logits.
 
     Args:
@@ -184,7 +184,8 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         raise InputError(f"select must be a ridgefill.select.Select, a Selection or None; got {type(select).__name__}")
     if select is not None and (mode == "exact" or (mode == "none" and select.by == "attention")):
         raise InputError(f"select chooses exact rows from the attention to the filled rows' K/V; mode {mode!r} "
-                         "has none: use it with 'ridge', 'centred' or 'identity' (or select by='leverage')")
+                         "has none: use it with 'ridge', 'centred' or 'identity'"
+                         + ("" if mode == "exact" else " (or make every part by='leverage')"))
     vocab = model.get_input_embeddings().num_embeddings
     if input_ids.numel() == 0 or int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
         got = "no rows" if input_ids.numel() == 0 else f"ids in {int(input_ids.min())}..{int(input_ids.max())}"
@@ -267,14 +268,14 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             maps.check_model(model, split)
             choose(i, leverage_scores(x, maps.mean_h, maps.cov_h), part.budget_rows(n))
     rounds = max((p.rounds for p in parts if p.by == "attention"), default=0)
-    for r in range(rounds + 1):  # attention parts: score in this pass, choose, rerun the exact rows
-        scorers = {i: AttentionScores(adapter, n, p) for i, p in enumerate(parts) if p.by == "attention" and r < p.rounds}
-        out = fill.run(ex, list(scorers.values()))
-        before = ex.numel()
+    ran = None  # the exact rows of the last pass: a round that chose nothing reuses its scores
+    for r in range(rounds + 1):  # attention parts: score in a pass, choose their round's share, rerun
+        if ran is None or not torch.equal(ran, ex):
+            scorers = {i: AttentionScores(adapter, n, p) for i, p in enumerate(parts) if p.by == "attention" and r < p.rounds}
+            out, ran = fill.run(ex, list(scorers.values())), ex
         for i, scorer in scorers.items():
-            choose(i, scorer.scores, parts[i].budget_rows(n) * (r + 1) // parts[i].rounds)
-        if ex.numel() == before:
-            break
+            if r < parts[i].rounds:
+                choose(i, scorer.scores, parts[i].budget_rows(n) * (r + 1) // parts[i].rounds)
     selected = torch.cat(taken).sort().values if parts else None
 
     result = adapter.logits(out[:, -1:] if logits == "last" else out)

@@ -117,14 +117,20 @@ class Select:
         if spec in ("on", "default"):
             return DEFAULT_SELECT
         if "+" in spec:
-            return Selection(tuple(cls._parse_part(part) for part in spec.split("+")))
+            parts = [part.strip() for part in spec.split("+")]
+            if not all(parts):
+                raise InputError(f"select {spec!r} has an empty part: join non-empty parts with '+', e.g. "
+                                 "'budget=0.025+budget=0.025,queries=256,before=0,after=3,contrast=0'")
+            return Selection(tuple(cls._parse_part(part) for part in parts))
         return cls._parse_part(spec)
 
     @classmethod
     def _parse_part(cls, spec: str) -> "Select":
         spec = spec.strip()
-        if spec in ("on", "default", ""):
+        if spec in ("on", "default"):
             return cls()
+        if spec in ("off", "none"):
+            raise InputError(f"select part {spec!r}: 'off' cannot be joined with other parts; leave the part out")
         kwargs: dict = {}
         if spec.split(",")[0].strip() == "prompt":
             kwargs = {"by": "leverage", "before": 16, "after": 16, "contrast": 0}
@@ -145,9 +151,11 @@ class Select:
 @dataclass(frozen=True)
 class Selection:
     """Several :class:`Select` parts in one prefill: each part scores the filled rows its own way and
-    chooses rows within its own budget, in order (a later part skips rows an earlier one chose). All
-    attention parts score in the same first pass (one recording per part) and share the second, so
-    the cost is that of one two-pass selection with the parts' query rows and chosen rows together.
+    chooses rows within its own budget (a later part skips rows an earlier one chose). Query-agnostic
+    parts (``by="leverage"``) choose first, before the late layers, in their order; then the attention
+    parts, in their order, all scored in the same pass (one recording per part) and sharing the rerun,
+    so the cost is that of one selection with ``max(rounds) + 1`` passes and the parts' query rows and
+    chosen rows together.
 
     A needle needs a few wide windows found by the last row's attention; the key tokens of a tail
     (names, terms it refers back to) need many narrow windows found by every tail row's attention
@@ -184,6 +192,12 @@ class Selection:
 
     def __str__(self) -> str:
         return " + ".join(str(p) for p in self.parts)
+
+
+def uses_leverage(select: "Select | Selection | None") -> bool:
+    """Whether a selection has a query-agnostic part (``by="leverage"``): it needs maps with the
+    calibration covariance in every fill mode, also ``"identity"`` and ``"none"``."""
+    return select is not None and any(p.by == "leverage" for p in as_selection(select).parts)
 
 
 def as_selection(select: "Select | Selection") -> Selection:

@@ -18,6 +18,7 @@ from pathlib import Path
 from ..calibrate import special_prefix
 from ..cli import SELECT_HELP, add_calib_set, parse_lam, parse_select
 from ..errors import InputError
+from ..select import uses_leverage
 
 
 def _ints(text: str) -> list[int]:
@@ -75,7 +76,8 @@ def _common(p: argparse.ArgumentParser, json_default: str) -> None:
     p.add_argument("--maps", default=None, metavar="FILE", help="a maps file to evaluate (its split must be the "
                    "one asked); default: fit or reuse <out>/maps-S<S>.safetensors on the shipped calibration set "
                    "(--calib-set)")
-    add_calib_set(p, "; for maps fitted or reused in --out and key scales (a --maps file is used as it is)")
+    add_calib_set(p, "; for maps fitted or reused in --out and key scales (a --maps file is used as it is, "
+                     "unless --calib-set is given: then it must be of that set)")
     p.add_argument("--text", nargs="+", action="extend", default=None, metavar="FILE",
                    help="UTF-8 text files to evaluate on (documents, needle haystack) instead of the bundled "
                         "evaluation novels; documents overlapping the maps' calibration text are refused")
@@ -196,6 +198,13 @@ def _maps(a, model, tok, name, splits, needed: bool):
         from ..maps import attach_stats, load_maps
 
         maps = attach_stats(load_maps(a.maps), a.maps)
+        if a.calib_set is not None:  # asked for explicitly: the file must be of that set (as in `ridgefill run`)
+            from ..run import calibration_mismatch
+
+            why = calibration_mismatch(maps.meta, a.calib_set)
+            if why is not None:
+                raise InputError(f"--maps {a.maps!r} does not fit --calib-set {a.calib_set}: {why}; leave out "
+                                 "--calib-set to evaluate the file as it is, or pass maps of that set")
         if list(splits) != [maps.split]:
             raise InputError(f"--maps {a.maps!r} is fitted at split S={maps.split}, but the splits asked are "
                              f"{list(splits)}; pass --splits {maps.split} (eval depth: a matching --depths), or "
@@ -332,7 +341,7 @@ def _cmd_needle(a) -> None:
     model, tok, name = _setup(a)
     splits = _splits(a, model)
     selects = [s for s in a.select if s is not None]
-    need = {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else []))
+    need = {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else [])) or any(map(uses_leverage, selects))
     maps = _maps(a, model, tok, name, splits, need or a.splices or a.key_scale_tokens)
     scales = _key_scales(a, model, tok, maps, splits) if a.key_scale_tokens else {}
     texts = _eval_texts(a)
@@ -364,7 +373,8 @@ def _cmd_loss(a) -> None:
     report.update(_loss_header(a, model))
     docs, sets, labels, info = _documents(a, tok)
     selects = [s for s in a.select if s is not None]
-    maps = _maps(a, model, tok, name, splits, {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else [])))
+    need = {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else [])) or any(map(uses_leverage, selects))
+    maps = _maps(a, model, tok, name, splits, need)
     _check_overlap(a, tok, maps, docs, labels, {})
     recs = score_documents(model, docs, sets, tail=a.tail, window=a.window,
                            variants=fill_variants(model, maps, a.modes, tail=a.tail, selects=selects,
@@ -450,7 +460,8 @@ def _cmd_depth(a) -> None:
     report.update(_loss_header(a, model))
     docs, sets, labels, info = _documents(a, tok)
     selects = [s for s in a.select if s is not None]
-    maps = _maps(a, model, tok, name, splits, {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else [])))
+    need = {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else [])) or any(map(uses_leverage, selects))
+    maps = _maps(a, model, tok, name, splits, need)
     texts = _eval_texts(a) if a.needle_trials else {}
     _check_overlap(a, tok, maps, docs, labels, texts)
     sentences = haystack_sentences(texts) if a.needle_trials else []

@@ -35,7 +35,7 @@ import torch
 from ..calibrate import special_prefix
 from ..errors import InputError
 from ..fill import generate_after, prefill
-from ..select import Select
+from ..select import Select, as_selection, uses_leverage
 from .loss import wilson_interval
 
 ADJECTIVES: tuple[str, ...] = (
@@ -232,7 +232,7 @@ def answer_case(model: torch.nn.Module, tokenizer, case: NeedleCase, *, mode: st
     :class:`ridgefill.fill.PrefillResult` before decoding."""
     device = next(model.parameters()).device
     ids = case.input_ids[None].to(device)
-    res = prefill(model, ids, maps if mode in ("ridge", "centred") else None, tail=case.tail, mode=mode,
+    res = prefill(model, ids, maps if mode in ("ridge", "centred") or uses_leverage(select) else None, tail=case.tail, mode=mode,
                   split=None if mode == "exact" else split, kv_hook=kv_hook, select=select)
     if on_prefill is not None:
         on_prefill(res)
@@ -286,10 +286,11 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
                 raise InputError(f"mode {mode!r} at split {s} needs maps")
             systems.append((f"{s}/{mode}", mode, s, None))
     for mode in select_modes if selects else ():
-        if mode not in ("ridge", "centred", "identity"):
-            raise InputError(f"row selection needs a fill mode with filled K/V (ridge, centred, identity); got {mode!r}")
+        if mode not in ("ridge", "centred", "identity", "none") or (mode == "none" and any(as_selection(sel).by == "attention" for sel in selects)):
+            raise InputError(f"row selection needs a fill mode with filled K/V (ridge, centred, identity; 'none' only "
+                             f"with query-agnostic selections); got {mode!r}")
         for s in splits:
-            if mode in ("ridge", "centred") and maps_by_split.get(s) is None:
+            if (mode in ("ridge", "centred") or any(map(uses_leverage, selects))) and maps_by_split.get(s) is None:
                 raise InputError(f"mode {mode!r} at split {s} needs maps")
             for i, sel in enumerate(selects):
                 systems.append((f"{s}/{mode}+sel" + (str(i) if len(selects) > 1 else ""), mode, s, sel))
