@@ -41,7 +41,7 @@ from .adapters import adapter_for
 from .adapters.base import record_sliding_windows, trim_sliding_windows, write_rows
 from .errors import InputError, NonFiniteError
 from .maps import RidgeMaps
-from .select import AttentionScores, Select, Selection, as_selection, choose_rows, leverage_scores
+from .select import AttentionScores, Select, Selection, as_selection, choose_rows, leverage_scores, uses_leverage
 from .validate import binds_prompt, check_choice, check_int, check_rows, prompt_digest
 
 Mode = Literal["ridge", "centred", "identity", "none", "exact"]
@@ -248,7 +248,8 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     kind = maps.kind if mode == "ridge" else "inputs"
     fill = _LateFill(adapter, range(split + 1, L), x, rope, _fill_maps(mode, maps, x), kv_hook,
                      fast and kv_hook is None and kind == "inputs", none=mode == "none", kind=kind, state=state)
-    parts = as_selection(select).parts if select is not None else ()
+    selection = as_selection(select) if select is not None else None
+    parts = selection.parts if selection is not None else ()
     taken = [torch.zeros(0, dtype=torch.long, device=device) for _ in parts]  # rows each part chose
 
     def choose(part: int, scores: Tensor, budget: int) -> None:
@@ -259,15 +260,17 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         taken[part] = torch.cat([taken[part], new])
         ex = torch.unique(torch.cat([ex, new]))
 
-    for i, part in enumerate(parts):  # query-agnostic parts: chosen from h_S, before the late layers
-        if part.by == "leverage":
-            if maps is None or maps.mean_h is None or maps.cov_h is None:
-                raise InputError("select by='leverage' needs maps with the calibration mean and covariance of h_S "
-                                 "(RidgeMaps.mean_h, cov_h): pass maps fitted by this version of `ridgefill calibrate` "
-                                 "(or loaded with their statistics file)")
-            maps.check_model(model, split)
-            choose(i, leverage_scores(x, maps.mean_h, maps.cov_h), part.budget_rows(n))
-    rounds = max((p.rounds for p in parts if p.by == "attention"), default=0)
+    if uses_leverage(select):  # query-agnostic parts: chosen from h_S, before the late layers
+        if maps is None or maps.mean_h is None or maps.cov_h is None:
+            raise InputError("select by='leverage' needs maps with the calibration mean and covariance of h_S "
+                             "(RidgeMaps.mean_h, cov_h): pass maps fitted by this version of `ridgefill calibrate` "
+                             "(or loaded with their statistics file)")
+        maps.check_model(model, split)
+        leverage = leverage_scores(x, maps.mean_h, maps.cov_h)  # once, whatever the number of such parts
+        for i, part in enumerate(parts):
+            if part.by == "leverage":
+                choose(i, leverage, part.budget_rows(n))
+    rounds = selection.rounds if selection is not None else 0
     ran = None  # the exact rows of the last pass: a round that chose nothing reuses its scores
     for r in range(rounds + 1):  # attention parts: score in a pass, choose their round's share, rerun
         if ran is None or not torch.equal(ran, ex):

@@ -200,6 +200,13 @@ def uses_leverage(select: "Select | Selection | None") -> bool:
     return select is not None and any(p.by == "leverage" for p in as_selection(select).parts)
 
 
+def needs_maps(mode: str, select: "Select | Selection | None" = None) -> bool:
+    """Whether a prefill in fill ``mode`` with ``select`` needs a maps file: modes ``"ridge"`` and
+    ``"centred"`` fill from it, and a query-agnostic part scores with its calibration covariance in any
+    mode (:func:`uses_leverage`)."""
+    return mode in ("ridge", "centred") or uses_leverage(select)
+
+
 def as_selection(select: "Select | Selection") -> Selection:
     """A :class:`Select` as a one-part :class:`Selection`; a :class:`Selection` unchanged."""
     return select if isinstance(select, Selection) else Selection((select,))

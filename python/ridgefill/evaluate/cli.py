@@ -18,7 +18,7 @@ from pathlib import Path
 from ..calibrate import special_prefix
 from ..cli import SELECT_HELP, add_calib_set, parse_lam, parse_select
 from ..errors import InputError
-from ..select import uses_leverage
+from ..select import needs_maps
 
 
 def _ints(text: str) -> list[int]:
@@ -189,6 +189,11 @@ def _splits(a, model) -> list[int]:
     return splits
 
 
+def _needs_maps(a, selects) -> bool:
+    """Whether any system of the command (``--modes``, and ``--select-modes`` with each ``--select``) needs maps."""
+    return any(needs_maps(m) for m in a.modes) or any(needs_maps(m, s) for m in a.select_modes for s in selects)
+
+
 def _maps(a, model, tok, name, splits, needed: bool):
     from .depth import maps_for_splits
 
@@ -341,8 +346,7 @@ def _cmd_needle(a) -> None:
     model, tok, name = _setup(a)
     splits = _splits(a, model)
     selects = [s for s in a.select if s is not None]
-    need = {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else [])) or any(map(uses_leverage, selects))
-    maps = _maps(a, model, tok, name, splits, need or a.splices or a.key_scale_tokens)
+    maps = _maps(a, model, tok, name, splits, _needs_maps(a, selects) or a.splices or a.key_scale_tokens)
     scales = _key_scales(a, model, tok, maps, splits) if a.key_scale_tokens else {}
     texts = _eval_texts(a)
     _check_overlap(a, tok, maps, [], [], texts)
@@ -373,8 +377,7 @@ def _cmd_loss(a) -> None:
     report.update(_loss_header(a, model))
     docs, sets, labels, info = _documents(a, tok)
     selects = [s for s in a.select if s is not None]
-    need = {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else [])) or any(map(uses_leverage, selects))
-    maps = _maps(a, model, tok, name, splits, need)
+    maps = _maps(a, model, tok, name, splits, _needs_maps(a, selects))
     _check_overlap(a, tok, maps, docs, labels, {})
     recs = score_documents(model, docs, sets, tail=a.tail, window=a.window,
                            variants=fill_variants(model, maps, a.modes, tail=a.tail, selects=selects,
@@ -460,8 +463,7 @@ def _cmd_depth(a) -> None:
     report.update(_loss_header(a, model))
     docs, sets, labels, info = _documents(a, tok)
     selects = [s for s in a.select if s is not None]
-    need = {"ridge", "centred"} & set(a.modes + (a.select_modes if selects else [])) or any(map(uses_leverage, selects))
-    maps = _maps(a, model, tok, name, splits, need)
+    maps = _maps(a, model, tok, name, splits, _needs_maps(a, selects))
     texts = _eval_texts(a) if a.needle_trials else {}
     _check_overlap(a, tok, maps, docs, labels, texts)
     sentences = haystack_sentences(texts) if a.needle_trials else []

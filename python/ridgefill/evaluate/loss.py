@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..fill import prefill
-from ..select import uses_leverage
+from ..select import needs_maps
 
 #: Capitalised words that are titles, headings or calendar words, never renamed.
 _KEEP = frozenset({
@@ -362,12 +362,12 @@ def fill_variants(model: torch.nn.Module, maps_by_split: Mapping[int, object], m
                 for mode in (select_modes if selects else ()) for i, sel in enumerate(selects)]
     for split, maps in maps_by_split.items():
         for mode, sel, suffix in systems:
-            if (mode in ("ridge", "centred") or uses_leverage(sel)) and maps is None:
-                raise InputError(f"mode {mode!r}" + (" with a query-agnostic selection" if uses_leverage(sel) else "")
+            if needs_maps(mode, sel) and maps is None:
+                raise InputError(f"mode {mode!r}" + ("" if needs_maps(mode) else " with a query-agnostic selection")
                                  + f" at split {split} needs maps")
             out[f"{split}/{mode}{suffix}"] = (
                 lambda doc, _exact, s=split, m=mode, mp=maps, sl=sel:
-                tail_nll(model, doc, tail=tail, mode=m, maps=mp if m in ("ridge", "centred") or uses_leverage(sl) else None,
+                tail_nll(model, doc, tail=tail, mode=m, maps=mp if needs_maps(m, sl) else None,
                          split=s, select=sl)[0])
     return out
 

@@ -35,7 +35,7 @@ import torch
 from ..calibrate import special_prefix
 from ..errors import InputError
 from ..fill import generate_after, prefill
-from ..select import Select, as_selection, uses_leverage
+from ..select import Select, as_selection, needs_maps
 from .loss import wilson_interval
 
 ADJECTIVES: tuple[str, ...] = (
@@ -232,7 +232,7 @@ def answer_case(model: torch.nn.Module, tokenizer, case: NeedleCase, *, mode: st
     :class:`ridgefill.fill.PrefillResult` before decoding."""
     device = next(model.parameters()).device
     ids = case.input_ids[None].to(device)
-    res = prefill(model, ids, maps if mode in ("ridge", "centred") or uses_leverage(select) else None, tail=case.tail, mode=mode,
+    res = prefill(model, ids, maps if needs_maps(mode, select) else None, tail=case.tail, mode=mode,
                   split=None if mode == "exact" else split, kv_hook=kv_hook, select=select)
     if on_prefill is not None:
         on_prefill(res)
@@ -282,7 +282,7 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
         if mode not in ("ridge", "centred", "identity", "none"):
             raise InputError(f"unknown mode {mode!r}; use exact, ridge, centred, identity or none")
         for s in splits:
-            if mode in ("ridge", "centred") and maps_by_split.get(s) is None:
+            if needs_maps(mode) and maps_by_split.get(s) is None:
                 raise InputError(f"mode {mode!r} at split {s} needs maps")
             systems.append((f"{s}/{mode}", mode, s, None))
     for mode in select_modes if selects else ():
@@ -290,7 +290,7 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
             raise InputError(f"row selection needs a fill mode with filled K/V (ridge, centred, identity; 'none' only "
                              f"with query-agnostic selections); got {mode!r}")
         for s in splits:
-            if (mode in ("ridge", "centred") or any(map(uses_leverage, selects))) and maps_by_split.get(s) is None:
+            if any(needs_maps(mode, sel) for sel in selects) and maps_by_split.get(s) is None:
                 raise InputError(f"mode {mode!r} at split {s} needs maps")
             for i, sel in enumerate(selects):
                 systems.append((f"{s}/{mode}+sel" + (str(i) if len(selects) > 1 else ""), mode, s, sel))
