@@ -27,7 +27,7 @@ from crossval.models import CONFIGS, fitted_maps, kv, prompts, tiny_llama
 
 selects = st.builds(Select, budget=st.integers(1, 12), before=st.integers(0, 3), after=st.integers(0, 4),
                     queries=st.integers(1, 3), heads=st.sampled_from(["sum", "max"]), rounds=st.integers(1, 2),
-                    sink=st.integers(0, 1))
+                    sink=st.integers(0, 1), reference=st.integers(0, 8), floor=st.sampled_from([0.1, 1.0]))
 # one Select, or a Selection of two parts (each its own budget, scored in the same first pass)
 selects = st.one_of(selects, st.tuples(selects, selects).map(Selection))
 

@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache
 
 from ridgefill import InputError, MapsFormatError, prefill
-from ridgefill.select import Select, Selection, choose_rows, local_contrast
+from ridgefill.select import Select, Selection, as_selection, choose_rows, local_contrast
 from conftest import oracle_maps, reference, tiny_llama
 from test_gemma3 import tiny_gemma3
 
@@ -44,6 +44,7 @@ def maps(llama, ids):
 @pytest.mark.parametrize("mode", ["ridge", "identity"])
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("sel", [Select(budget=12, before=1, after=3), Select(budget=0.2, queries=4, heads="max", rounds=2),
+                                 Select(budget=10, reference=5, floor=0.5),
                                  Selection((Select(budget=6, before=1, after=3),
                                             Select(budget=6, queries=8, heads="sum", before=0, after=1, contrast=0)))])
 def test_two_pass_equals_one_pass_with_the_chosen_rows(llama, ids, maps, mode, fast, sel):
@@ -71,20 +72,20 @@ def test_selection_never_changes_the_lower_layers(llama, ids, maps):
     torch.testing.assert_close(kv(sel.cache, S + 1)[0][:, :, rows], want, rtol=0, atol=1e-5)
 
 
-def test_scores_are_the_exact_attention_with_oracle_maps():
-    """With maps that reproduce every late-layer input the mixed cache is the exact one, so the scores
-    are the exact model's attention of the last row, summed over heads and late layers."""
+def _oracle_scores(select: Select, exact_tail: int = 6):
+    """A tiny Llama with oracle maps (the mixed cache is the exact one): the exact model's attention
+    ``[layer] -> [1, H, N, N]``, and the scores ``AttentionScores(select)`` records in one late-layer pass
+    with the last ``exact_tail`` rows exact."""
+    from ridgefill.adapters import adapter_for
+    from ridgefill.fill import AttentionScores as _AttentionScores, _LateFill, _fill_maps
+
     model = tiny_llama(seed=3, hidden=96)
     ids = torch.randint(0, 101, (1, 60), generator=torch.Generator().manual_seed(5))
     maps = oracle_maps(model, ids, S)
     model.config._attn_implementation = "eager"
     with torch.no_grad():
-        att = model(ids, output_attentions=True).attentions  # per layer [1, H, N, N]
+        att = model(ids, output_attentions=True).attentions
     model.config._attn_implementation = "sdpa"
-    want = sum(att[layer][0, :, -1].sum(0) for layer in range(S + 1, model.config.num_hidden_layers))
-    from ridgefill.fill import AttentionScores as _AttentionScores, _LateFill, _fill_maps
-    from ridgefill.adapters import adapter_for
-
     ad = adapter_for(model)
     n = ids.shape[1]
     x = ad.embed(ids)
@@ -95,14 +96,38 @@ def test_scores_are_the_exact_attention_with_oracle_maps():
             shape = (1, ad.num_kv_heads, n, ad.head_dim)
             x = ad.layer(layer, x, rope, pos, torch.empty(shape), torch.empty(shape))
         fill = _LateFill(ad, range(S + 1, ad.num_layers), x, rope, _fill_maps("ridge", maps, x), None, True, False)
-        scorer = _AttentionScores(ad, n, Select(heads="sum"))
-        fill.run(torch.arange(n - 6, n), [scorer])
+        scorer = _AttentionScores(ad, n, select)
+        fill.run(torch.arange(n - exact_tail, n), [scorer])
+    return att, scorer, range(S + 1, model.config.num_hidden_layers)
+
+
+def test_scores_are_the_exact_attention_with_oracle_maps():
+    """With maps that reproduce every late-layer input the mixed cache is the exact one, so the scores
+    are the exact model's attention of the last row, summed over heads and late layers (no reference)."""
+    att, scorer, late = _oracle_scores(Select(heads="sum", reference=0))
+    want = sum(att[layer][0, :, -1].sum(0) for layer in late)
     torch.testing.assert_close(scorer.scores, want, rtol=0, atol=5e-4)
     # the best filled rows (the same ones the exact attention prefers) are what choose_rows takes first
+    n = want.numel()
     cand = torch.ones(n, dtype=torch.bool)
     cand[-6:] = False
     top = int(torch.argmax(torch.where(cand, want, -1.0)))
     assert top in choose_rows(scorer.scores, cand, Select(before=0, after=0, sink=0), 1).tolist()
+
+
+@pytest.mark.parametrize("reference", [3, 50])
+def test_reference_scores_are_the_exact_attention_over_the_reference_rows(reference):
+    """``Select(reference=r)``: with oracle maps a row's score is, per late layer and head, the last
+    row's exact attention to it over the mean attention of the ``r`` exact rows before the last plus
+    ``floor / N``, summed over heads and layers (``heads="sum"``). With ``r`` beyond the exact rows (50
+    of 6) the rows there are (5) are the reference."""
+    floor = 0.5
+    att, scorer, late = _oracle_scores(Select(heads="sum", reference=reference, floor=floor))
+    assert scorer.rows == 1 + reference
+    n, r = att[0].shape[-1], min(reference, 5)
+    want = sum((att[l][0, :, -1] / (att[l][0, :, -1 - r:-1].mean(1) + floor / n)).sum(0) for l in late)
+    filled = slice(0, n - 6)  # the scores that choose rows (the exact rows' own entries are never read)
+    torch.testing.assert_close(scorer.scores[filled], want[filled], rtol=1e-4, atol=1e-3)
 
 
 def test_gemma3_two_pass_fills_rows_newly_seen_by_sliding_layers():
@@ -248,19 +273,29 @@ def test_selection_parts_choose_in_order_within_their_own_budgets(llama, ids, ma
     assert both.numel() == 12  # the second part adds its own 5 rows, none of them already chosen
     assert both.max() < ids.shape[1] - 8
     assert Selection((wide, narrow)).budget_rows(ids.shape[1]) == 12
-    assert Selection((wide, narrow)).queries == 9 and Selection((wide, narrow)).rounds == 1
+    assert Selection((wide, narrow)).queries == (1 + 63) + (8 + 63) and Selection((wide, narrow)).rounds == 1
 
 
 def test_selection_parse_and_errors():
     sel = Select.parse("budget=0.025+budget=0.025,queries=256,before=0,after=3,contrast=0")
     assert sel == Selection((Select(budget=0.025), Select(budget=0.025, queries=256, before=0, after=3, contrast=0)))
     assert sel.budget_rows(2048) == 51 + 51
-    assert str(sel).count("Select(") == 2
+    assert str(sel) == "budget=0.025+budget=0.025,before=0,after=3,queries=256,contrast=0"
+    for spec in ("on", "prompt", "prompt,budget=5+on", "budget=40,heads=sum,rounds=2", "budget=0.0125,by=leverage",
+                 "reference=63,floor=0.25"):
+        parsed = Select.parse(spec)
+        assert Select.parse(str(parsed)) == parsed, spec  # str is a reusable --select spec
+    assert str(Select()) == "on" and str(Select.parse("prompt")) == "before=16,contrast=0,by=leverage"
     assert Select.parse("prompt+on") == Selection((Select(by="leverage", before=16, after=16, contrast=0), Select()))
     with pytest.raises(InputError, match="Select parts"):
         Selection(())
     with pytest.raises(InputError, match="not key=value"):
         Select.parse("budget=0.02+bogus")
+    assert as_selection(Select.parse("reference=63")).queries == 64  # query and reference rows are scored
+    assert Select.parse("reference=63,floor=0.1") == Select(reference=63, floor=0.1)
+    for bad in ("floor=0", "floor=-1", "reference=-1"):
+        with pytest.raises(InputError, match="floor|reference"):
+            Select.parse(bad)
     for bad in ("on+", "+on", "on++on"):
         with pytest.raises(InputError, match="empty part"):
             Select.parse(bad)

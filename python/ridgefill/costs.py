@@ -207,8 +207,9 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
         rounds: selection rounds (with ``selected``); ``0``: the rows were chosen before the late layers
             from the prompt alone (``Select(by="leverage")``): one pass with the tail and the chosen rows
             exact, plus the leverage scores (a ``d × d`` solve and ``2·d²`` FLOPs per row).
-        queries: query rows whose attention scores the filled rows per round (``Select.queries``; for
-            a :class:`~ridgefill.select.Selection` the sum over its attention parts), each counted as
+        queries: rows whose attention scores the filled rows per round (``Select.queries +
+            Select.reference``; for a :class:`~ridgefill.select.Selection` the sum over its attention
+            parts, :attr:`~ridgefill.select.Selection.queries`), each counted as
             one more attention row of the last position in every late layer (an upper bound: the
             scoring runs only in layers with a kept head).
         kv_maps: K/V maps (kind ``"kv"``): each filled row's map is ``2·d·(2·H_kv·h) + 2·H_kv·h``

@@ -376,7 +376,7 @@ class _LateFill:
     def run(self, ex: Tensor, scorers: list[AttentionScores] = ()) -> Tensor:
         """Run the exact rows ``ex`` (sorted ``int64`` ``[E]``) through the late layers; returns their
         output of the last layer ``[batch, E, d]``. Each of ``scorers`` records the attention of its
-        last ``select.queries`` exact rows."""
+        last ``scorer.rows`` exact rows (query and reference rows)."""
         self._write_filled(ex)
         n = self.h.shape[1]
         visible = None
@@ -391,7 +391,7 @@ class _LateFill:
                 continue
             x = self.adapter.layer(layer, x, rope_ex, ex, self.keys[i], self.values[i], visible=visible)
             for scorer in scorers:
-                q = min(scorer.select.queries, ex.numel())
+                q = min(scorer.rows, ex.numel())
                 scorer.add(layer, x_in[:, -q:], rope_ex.rows(slice(-q, None)), ex[-q:], self.keys[i], visible)
         return x
 

@@ -3,8 +3,9 @@
 At split depth 1/2 the fill loses what must be retrieved from the filled region (docs/evaluate.md): the
 late layers' keys of the filled rows are predicted, and a needle's predicted keys no longer draw the
 question's attention. A few exact rows are enough if they are the right ones. :func:`ridgefill.fill.prefill`
-runs a first pass (the plain fill), scores every filled row by the attention the last exact rows pay it
-in the late layers (:class:`AttentionScores`), makes the best rows exact (:func:`choose_rows`, a budget
+runs a first pass (the plain fill), scores every filled row by the attention the last exact row pays it
+in the late layers relative to the attention the exact rows before it pay it (:class:`AttentionScores`),
+makes the best rows exact (:func:`choose_rows`, a budget
 with widening around each row) and reruns only the late layers of the exact rows.
 
 Given the chosen rows, the result is the one-pass fill with those rows as ``exact_rows`` (tests and
@@ -28,9 +29,11 @@ class Select:
     """Query-aware choice of extra exact rows: a two-pass fill (issue "filled-region retrieval").
 
     Pass 1 is the plain fill. While the exact rows run the late layers, the softmax attention of the
-    last ``queries`` exact rows over every key is recorded in each late layer; a filled row's score is
-    that attention summed over query rows and late layers and reduced over heads (``heads="sum"`` or
-    ``"max"``). The best-scoring filled rows become exact, each widened to ``before`` rows before and
+    last ``queries`` exact rows over every key is recorded in each late layer, divided (per head) by the
+    mean attention of the ``reference`` exact rows before them plus ``floor / N``; a filled row's score
+    is that ratio summed over query rows and reduced over heads and late layers (``heads``). By default
+    the last row is the query and the 63 rows before it the reference: the needle is the row the
+    question attends to and the rest of the tail does not (docs/evaluate.md, "Fourth session"). The best-scoring filled rows become exact, each widened to ``before`` rows before and
     ``after`` rows after it, until ``budget`` extra rows are used. Pass 2 reruns only what changed: the
     late layers for the old and the new exact rows (their lower layers, ``h_S`` and the other filled
     rows' K/V are kept). ``rounds > 1`` repeats scoring and choosing, each round with a ``budget /
@@ -51,6 +54,14 @@ class Select:
         sink: the first ``sink`` rows (the attention sink) are chosen first, without widening, and
             count toward the budget; they take most of every head's attention, so scoring them would
             spend the budget on them and their neighbours.
+        reference: exact rows, just before the query rows, whose attention is the reference a score is
+            compared with (``0``: off). With ``reference = r`` a row's score in each head is the query
+            rows' attention to it over the mean attention the ``r`` reference rows pay it plus
+            ``floor / N`` (before heads and layers are reduced): rows that every exact row attends to (a
+            name the prose keeps returning to, a predicted key that draws attention from all queries)
+            rank below the rows the query singles out (docs/evaluate.md, "Fourth session"). The reference
+            rows are scored too (``queries + reference`` rows per pass, :meth:`Selection.queries`).
+        floor: the share of uniform attention added to the reference mean (``reference > 0`` only).
         contrast: half-width in rows of the local window a score is compared with (``0``: off). With
             ``contrast = w`` a row is ranked by its score divided by the mean score of the candidate
             rows within ``w`` rows of it (plus a floor of 1 % of uniform attention, ``0.01 / N``):
@@ -75,13 +86,17 @@ class Select:
     top_heads: int = 8
     contrast: int = 128
     by: Literal["attention", "leverage"] = "attention"
+    reference: int = 63
+    floor: float = 1.0
 
     def __post_init__(self):
         if not (self.budget > 0 and self.budget < float("inf")):
             raise InputError(f"select budget must be > 0 (a fraction of the prompt < 1, or rows); got {self.budget}")
         if self.budget >= 1 and self.budget != int(self.budget):
             raise InputError(f"select budget ≥ 1 is a row count and must be whole; got {self.budget}")
-        for name in ("before", "after", "sink", "top_heads", "contrast"):
+        if not (isinstance(self.floor, (int, float)) and self.floor > 0 and self.floor < float("inf")):
+            raise InputError(f"select floor must be a number > 0 (a share of uniform attention); got {self.floor!r}")
+        for name in ("before", "after", "sink", "top_heads", "contrast", "reference"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise InputError(f"select {name} must be an int ≥ 0; got {getattr(self, name)!r}")
         if not isinstance(self.queries, int) or self.queries < 1:
@@ -99,6 +114,13 @@ class Select:
         """The budget in rows for a prompt of ``num_rows`` rows."""
         return int(self.budget * num_rows) if self.budget < 1 else int(self.budget)
 
+    def __str__(self) -> str:
+        """The ``--select`` spec of this part (:meth:`parse` reads it back): ``"on"`` for the defaults,
+        else the ``key=value`` pairs that differ from them, e.g. ``"budget=0.025,after=12"``."""
+        pairs = [f"{f}={getattr(self, f):g}" if f in ("budget", "floor") else f"{f}={getattr(self, f)}"
+                 for f in self.__dataclass_fields__ if getattr(self, f) != getattr(DEFAULT_SELECT, f)]
+        return ",".join(pairs) or "on"
+
     @classmethod
     def parse(cls, spec: str) -> "Select | Selection | None":
         """``"off"`` → ``None``; else ``key=value`` pairs separated by commas, e.g.
@@ -106,7 +128,7 @@ class Select:
         :class:`Select` defaults); ``"on"`` for :data:`DEFAULT_SELECT`; ``"prompt"`` for the query-agnostic
         choice (``by=leverage,before=16,after=16,contrast=0``), to which further pairs may be added after a
         comma. Parts joined by ``+`` make a :class:`Selection` (each part its own budget and scoring), e.g.
-        ``"budget=0.025+budget=0.025,queries=256,before=0,after=3,contrast=0"``.
+        ``"budget=0.02+budget=0.03,queries=256,before=0,after=3,contrast=0,reference=0"``.
 
         Raises:
             InputError: an unknown key or a value of the wrong type.
@@ -120,7 +142,7 @@ class Select:
             parts = [part.strip() for part in spec.split("+")]
             if not all(parts):
                 raise InputError(f"select {spec!r} has an empty part: join non-empty parts with '+', e.g. "
-                                 "'budget=0.025+budget=0.025,queries=256,before=0,after=3,contrast=0'")
+                                 "'budget=0.02+budget=0.03,queries=256,before=0,after=3,contrast=0,reference=0'")
             return Selection(tuple(cls._parse_part(part) for part in parts))
         return cls._parse_part(spec)
 
@@ -142,7 +164,7 @@ class Select:
                 raise InputError(f"select option {part!r} is not key=value with a key among "
                                  f"{sorted(cls.__dataclass_fields__)}; e.g. 'budget=0.025,after=12'")
             try:
-                kwargs[key] = value.strip() if key in ("heads", "by") else (float(value) if key == "budget" else int(value))
+                kwargs[key] = value.strip() if key in ("heads", "by") else (float(value) if key in ("budget", "floor") else int(value))
             except ValueError:
                 raise InputError(f"select option {key}={value!r}: not a number") from None
         return cls(**kwargs)
@@ -187,11 +209,13 @@ class Selection:
 
     @property
     def queries(self) -> int:
-        """Query rows scored per round, over the attention parts (they may overlap; counted apart)."""
-        return sum(p.queries for p in self.parts if p.by == "attention")
+        """Rows scored per round (query and reference rows), over the attention parts (they may
+        overlap; counted apart)."""
+        return sum(p.queries + p.reference for p in self.parts if p.by == "attention")
 
     def __str__(self) -> str:
-        return " + ".join(str(p) for p in self.parts)
+        """The ``--select`` spec: the parts' specs joined by ``+`` (:meth:`Select.parse` reads it back)."""
+        return "+".join(str(p) for p in self.parts)
 
 
 def uses_leverage(select: "Select | Selection | None") -> bool:
@@ -348,13 +372,14 @@ def attention_probs(adapter, layer: int, x: Tensor, rope, positions: Tensor, key
 
 class AttentionScores:
     """Accumulates, over late layers, the attention of the last ``select.queries`` exact rows over every
-    position (softmax over the keys each query row can see), reduced over heads and layers as
-    ``select.heads`` says."""
+    position (softmax over the keys each query row can see), relative to the ``select.reference`` rows
+    before them when that is set, reduced over heads and layers as ``select.heads`` says."""
 
     def __init__(self, adapter, num_rows: int, select: Select):
         self.adapter, self.select = adapter, select
         device = next(adapter.model.parameters()).device  # scores live where the model runs (CUDA too)
         self.scores = torch.zeros(num_rows, dtype=torch.float32, device=device)
+        self.rows = select.queries + select.reference  # the exact rows :meth:`add` is given (at most)
         self.heads = None
         if select.heads == "induction":
             ind = induction_scores(adapter)
@@ -363,11 +388,17 @@ class AttentionScores:
             self.heads = keep.view_as(ind).to(device)  # [layers, H]
 
     def add(self, layer: int, x: Tensor, rope, positions: Tensor, keys: Tensor, visible: Tensor | None) -> None:
-        """``x`` ``[batch, q, d]``: the query rows' input of ``layer`` at ``positions`` ``[q]``; ``keys``
+        """``x`` ``[batch, q, d]``: the input of ``layer`` of the last ``q ≤ self.rows`` exact rows at
+        ``positions`` ``[q]`` (reference rows first, then the ``select.queries`` query rows); ``keys``
         ``[batch, kv_heads, N, head_dim]`` the layer's cache after those rows wrote theirs."""
         if self.heads is not None and not bool(self.heads[layer].any()):
             return  # no kept head in this layer
-        p = attention_probs(self.adapter, layer, x, rope, positions, keys, visible).sum(dim=(0, 2))  # [H, N]
+        p = attention_probs(self.adapter, layer, x, rope, positions, keys, visible)  # [b, H, q, N]
+        k = min(self.select.queries, p.shape[2])
+        if p.shape[2] > k:  # reference rows: each head's query attention over their mean (+ floor / N)
+            ref = p[:, :, :-k].mean(2, keepdim=True) + self.select.floor / p.shape[-1]
+            p = p[:, :, -k:] / ref
+        p = p.sum(dim=(0, 2))  # [H, N]
         p = p.to(self.scores.device)
         if self.select.heads == "sum":
             self.scores += p.sum(0)
