@@ -15,7 +15,7 @@ needle`` with selection (the previous default, the last row alone, 8 trials per 
 Rules (``queries``: which exact rows score; ``pool``: how their attention is combined per head; then
 max over the kept heads and layers, as ``Select(heads="induction")``):
 
-- ``last``: the last row (``Select()``'s scoring);
+- ``last``: the last row (the default ``Select()``'s scoring, ``reference=0``);
 - ``question``: the question's rows, summed or max-pooled;
 - ``tail``: all 64 tail rows, summed or max-pooled;
 
@@ -158,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                 for contrast in (0, 64, 128):
                     for window in ((2, 16), (0, 12)):
                         rules[f"{q} {pool} h{heads} c{contrast} w{window[0]},{window[1]}"] = (q, pool, heads, contrast, window)
-    splits = {"last 2.5 % + tail (0,3) 2.5 %": 0.025, "last 1 % + tail (0,3) 4 %": 0.01,
-              "last 40 rows + tail (0,3) 3 %": 40, "last ref63 2.5 % + tail (0,3) 2.5 %": 0.025,
-              "last ref63 2 % + tail (0,3) 3 %": 0.02, "last ref63 1 % + tail (0,3) 4 %": 0.01}
+    # two-part selections: (first part's budget, second part's budget), each as Select.budget_rows counts it
+    splits = {"last 2.5 % + tail (0,3) 2.5 %": (0.025, 0.025), "last 1 % + tail (0,3) 4 %": (0.01, 0.04),
+              "last 40 rows + tail (0,3) 3 %": (40, 0.03), "last ref63 2.5 % + tail (0,3) 2.5 %": (0.025, 0.025),
+              "last ref63 2 % + tail (0,3) 3 %": (0.02, 0.03), "last ref63 1 % + tail (0,3) 4 %": (0.01, 0.04)}
     cases = []
     for n in (int(x) for x in a.lengths.split(",")):
         for t in range(a.trials):
@@ -214,13 +215,13 @@ def main(argv: list[str] | None = None) -> int:
             if row["needle_window"] is not None:
                 row["needle_window_score"] = windows[row["needle_window"]][0] / windows[0][0]
             row["eighth_window_score"] = windows[7][0] / windows[0][0] if len(windows) > 7 else None
-            for sname, first in splits.items():
-                b1 = int(first * N) if first < 1 else int(first)
+            for sname, (first, second) in splits.items():
+                b1, b2 = (Select(budget=b).budget_rows(N) for b in (first, second))
                 needle_part = (reference_scores(att, 63, 1.0), 128) if "ref63" in sname else (last, 128)
                 chosen = rows_needed(needle_part[0], candidates, 2, 16, needle_part[1])[:b1]
                 rest = candidates.clone()
                 rest[chosen] = False
-                chosen += rows_needed(tail, rest, 0, 3, 0, sink=0)[: int(a.budget * N) - b1]
+                chosen += rows_needed(tail, rest, 0, 3, 0, sink=0)[:b2]
                 row["needed"][sname] = 0 if need <= set(chosen) else N  # covered within the budget or not
             cases.append(row)
             print(f"{a.variant} {n} trial {t + 1}/{a.trials}: last-row rule needs "
@@ -231,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     lengths = sorted({c["length"] for c in cases})
     refs = [f"last ref63 floor{f:g} c{c} w2,16" for f in (1.0, 0.1) for c in (0, 128)]
     for rname in list(rules) + ["last x question sum h16", "last x question max h16"] + refs + list(splits):
-        ok = {L: sum(c["needed"][rname] <= a.budget * c["tokens"] for c in cases if c["length"] == L) for L in lengths}
+        ok = {L: sum(c["needed"][rname] <= Select(budget=a.budget).budget_rows(c["tokens"]) for c in cases
+                     if c["length"] == L) for L in lengths}
         shares = sorted(c["needed"][rname] / c["tokens"] for c in cases)
         med = "" if rname in splits else f"  median {shares[len(shares) // 2]:.3f}"
         print(f"  {rname:34s} " + " ".join(f"{L}:{ok[L]}/{a.trials}" for L in lengths) + f"  total {sum(ok.values())}{med}")

@@ -273,7 +273,7 @@ def test_selection_parts_choose_in_order_within_their_own_budgets(llama, ids, ma
     assert both.numel() == 12  # the second part adds its own 5 rows, none of them already chosen
     assert both.max() < ids.shape[1] - 8
     assert Selection((wide, narrow)).budget_rows(ids.shape[1]) == 12
-    assert Selection((wide, narrow)).queries == (1 + 63) + (8 + 63) and Selection((wide, narrow)).rounds == 1
+    assert Selection((wide, narrow)).queries == 9 and Selection((wide, narrow)).rounds == 1
 
 
 def test_selection_parse_and_errors():
@@ -282,7 +282,8 @@ def test_selection_parse_and_errors():
     assert sel.budget_rows(2048) == 51 + 51
     assert str(sel) == "budget=0.025+budget=0.025,before=0,after=3,queries=256,contrast=0"
     for spec in ("on", "prompt", "prompt,budget=5+on", "budget=40,heads=sum,rounds=2", "budget=0.0125,by=leverage",
-                 "reference=63,floor=0.25"):
+                 "reference=63,floor=0.25", "budget=0.0123456789", "budget=1234567", "floor=0.3333333333333333",
+                 "budget=1e-05,floor=1e-06"):
         parsed = Select.parse(spec)
         assert Select.parse(str(parsed)) == parsed, spec  # str is a reusable --select spec
     assert str(Select()) == "on" and str(Select.parse("prompt")) == "before=16,contrast=0,by=leverage"
@@ -293,9 +294,13 @@ def test_selection_parse_and_errors():
         Select.parse("budget=0.02+bogus")
     assert as_selection(Select.parse("reference=63")).queries == 64  # query and reference rows are scored
     assert Select.parse("reference=63,floor=0.1") == Select(reference=63, floor=0.1)
-    for bad in ("floor=0", "floor=-1", "reference=-1"):
+    for bad in ("floor=0", "floor=-1", "floor=1e-50", "reference=-1"):
         with pytest.raises(InputError, match="floor|reference"):
             Select.parse(bad)
+    for bad in (dict(reference=True), dict(floor=True), dict(before=False)):
+        with pytest.raises(InputError, match="must be"):
+            Select(**bad)
+    assert Select.parse(str(Select(budget=1 / 3, floor=1 / 7))) == Select(budget=1 / 3, floor=1 / 7)
     for bad in ("on+", "+on", "on++on"):
         with pytest.raises(InputError, match="empty part"):
             Select.parse(bad)

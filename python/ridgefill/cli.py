@@ -42,8 +42,8 @@ def parse_select(value: str):
 SELECT_HELP = ("row selection: 'on' (the default, query-aware: two passes), 'prompt' (query-agnostic: rows "
                "chosen from the prompt alone by leverage), 'off', or key=value pairs such as "
                "'budget=0.05,before=2,after=16,queries=1,heads=induction,top_heads=8,rounds=1,sink=1,contrast=128,"
-               "reference=63,floor=1' (the default's values; budget: a share of the prompt < 1, or rows); parts joined "
-               "by '+' each choose within their own budget, e.g. 'budget=0.02+budget=0.03,queries=256,before=0,after=3,contrast=0,reference=0' (needles and key tokens)")
+               "reference=0,floor=1' (the default's values; budget: a share of the prompt < 1, or rows); parts joined "
+               "by '+' each choose within their own budget, e.g. 'budget=0.02,reference=63+budget=0.03,queries=256,before=0,after=3,contrast=0' (needles and key tokens)")
 
 
 CALIB_SET_HELP = ("the shipped calibration text: 'mix' (the default: the four calibration novels, The Debian "

@@ -209,7 +209,8 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
             exact, plus the leverage scores (a ``d × d`` solve and ``2·d²`` FLOPs per row).
         queries: rows whose attention scores the filled rows per round (``Select.queries +
             Select.reference``; for a :class:`~ridgefill.select.Selection` the sum over its attention
-            parts, :attr:`~ridgefill.select.Selection.queries`), each counted as
+            parts, :attr:`~ridgefill.select.Selection.queries`; at most the exact rows, ``tail`` plus the
+            chosen rows, are scored, and the count is capped there), each counted as
             one more attention row of the last position in every late layer (an upper bound: the
             scoring runs only in layers with a kept head).
         kv_maps: K/V maps (kind ``"kv"``): each filled row's map is ``2·d·(2·H_kv·h) + 2·H_kv·h``
@@ -239,7 +240,7 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
     map_flops = (2 * shape.hidden * kv_out + kv_out) if kv_maps else (shape.map_flops if maps else 0)
     kv_flops = 0 if kv_maps else shape.kv_flops
     chosen_attention = sum(shape.attention_flops(p, p + 1) for p in selected)
-    scoring = passes * min(queries, tail) * shape.attention_flops(n - 1, n)
+    scoring = passes * min(queries, tail + k) * shape.attention_flops(n - 1, n)
     parts = {
         "projections": lower * n * shape.projection_flops + late * (kv_rows * kv_flops + exact_rows * shape.projection_flops),
         "mlp": (lower * n + late * exact_rows) * shape.mlp_flops,

@@ -3,9 +3,9 @@
 At split depth 1/2 the fill loses what must be retrieved from the filled region (docs/evaluate.md): the
 late layers' keys of the filled rows are predicted, and a needle's predicted keys no longer draw the
 question's attention. A few exact rows are enough if they are the right ones. :func:`ridgefill.fill.prefill`
-runs a first pass (the plain fill), scores every filled row by the attention the last exact row pays it
-in the late layers relative to the attention the exact rows before it pay it (:class:`AttentionScores`),
-makes the best rows exact (:func:`choose_rows`, a budget
+runs a first pass (the plain fill), scores every filled row by the attention the last exact rows pay it
+in the late layers (optionally relative to the attention the exact rows before them pay it;
+:class:`AttentionScores`), makes the best rows exact (:func:`choose_rows`, a budget
 with widening around each row) and reruns only the late layers of the exact rows.
 
 Given the chosen rows, the result is the one-pass fill with those rows as ``exact_rows`` (tests and
@@ -31,9 +31,10 @@ class Select:
     Pass 1 is the plain fill. While the exact rows run the late layers, the softmax attention of the
     last ``queries`` exact rows over every key is recorded in each late layer, divided (per head) by the
     mean attention of the ``reference`` exact rows before them plus ``floor / N``; a filled row's score
-    is that ratio summed over query rows and reduced over heads and late layers (``heads``). By default
-    the last row is the query and the 63 rows before it the reference: the needle is the row the
-    question attends to and the rest of the tail does not (docs/evaluate.md, "Fourth session"). The best-scoring filled rows become exact, each widened to ``before`` rows before and
+    is that ratio summed over query rows and reduced over heads and late layers (``heads``; without a
+    reference, the default, the attention itself). With ``reference=63`` the last row is compared with
+    the 63 rows before it: a needle is the row the question attends to and the rest of the tail does
+    not (docs/evaluate.md, "Fourth session"). The best-scoring filled rows become exact, each widened to ``before`` rows before and
     ``after`` rows after it, until ``budget`` extra rows are used. Pass 2 reruns only what changed: the
     late layers for the old and the new exact rows (their lower layers, ``h_S`` and the other filled
     rows' K/V are kept). ``rounds > 1`` repeats scoring and choosing, each round with a ``budget /
@@ -62,6 +63,10 @@ class Select:
             rank below the rows the query singles out (docs/evaluate.md, "Fourth session"). The reference
             rows are scored too (``queries + reference`` rows per pass, :meth:`Selection.queries`).
         floor: the share of uniform attention added to the reference mean (``reference > 0`` only).
+            When the exact rows are fewer than ``queries + reference``, the rows before the query rows
+            are the reference (none: no reference). With a reference the scores are ratios (about 1 for
+            uniform attention), so the ``0.01 / N`` floor of ``contrast`` is then negligible; the
+            measurements used it as it is.
         contrast: half-width in rows of the local window a score is compared with (``0``: off). With
             ``contrast = w`` a row is ranked by its score divided by the mean score of the candidate
             rows within ``w`` rows of it (plus a floor of 1 % of uniform attention, ``0.01 / N``):
@@ -86,7 +91,7 @@ class Select:
     top_heads: int = 8
     contrast: int = 128
     by: Literal["attention", "leverage"] = "attention"
-    reference: int = 63
+    reference: int = 0
     floor: float = 1.0
 
     def __post_init__(self):
@@ -94,10 +99,12 @@ class Select:
             raise InputError(f"select budget must be > 0 (a fraction of the prompt < 1, or rows); got {self.budget}")
         if self.budget >= 1 and self.budget != int(self.budget):
             raise InputError(f"select budget ≥ 1 is a row count and must be whole; got {self.budget}")
-        if not (isinstance(self.floor, (int, float)) and self.floor > 0 and self.floor < float("inf")):
-            raise InputError(f"select floor must be a number > 0 (a share of uniform attention); got {self.floor!r}")
+        if isinstance(self.floor, bool) or not (isinstance(self.floor, (int, float)) and 1e-6 <= self.floor < float("inf")):
+            raise InputError(f"select floor must be a number ≥ 1e-6 (a share of uniform attention; smaller ones "
+                             f"vanish in float32 and a row no one attends to scores 0/0); got {self.floor!r}")
         for name in ("before", "after", "sink", "top_heads", "contrast", "reference"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise InputError(f"select {name} must be an int ≥ 0; got {getattr(self, name)!r}")
         if not isinstance(self.queries, int) or self.queries < 1:
             raise InputError(f"select queries must be an int ≥ 1; got {self.queries!r}")
@@ -117,8 +124,11 @@ class Select:
     def __str__(self) -> str:
         """The ``--select`` spec of this part (:meth:`parse` reads it back): ``"on"`` for the defaults,
         else the ``key=value`` pairs that differ from them, e.g. ``"budget=0.025,after=12"``."""
-        pairs = [f"{f}={getattr(self, f):g}" if f in ("budget", "floor") else f"{f}={getattr(self, f)}"
-                 for f in self.__dataclass_fields__ if getattr(self, f) != getattr(DEFAULT_SELECT, f)]
+        def text(v):  # exact, and never with a '+' (the parts' separator): whole floats as ints
+            return str(int(v)) if isinstance(v, float) and v.is_integer() else repr(v) if isinstance(v, float) else str(v)
+
+        pairs = [f"{f}={text(getattr(self, f))}" for f in self.__dataclass_fields__
+                 if getattr(self, f) != getattr(DEFAULT_SELECT, f)]
         return ",".join(pairs) or "on"
 
     @classmethod
@@ -128,7 +138,7 @@ class Select:
         :class:`Select` defaults); ``"on"`` for :data:`DEFAULT_SELECT`; ``"prompt"`` for the query-agnostic
         choice (``by=leverage,before=16,after=16,contrast=0``), to which further pairs may be added after a
         comma. Parts joined by ``+`` make a :class:`Selection` (each part its own budget and scoring), e.g.
-        ``"budget=0.02+budget=0.03,queries=256,before=0,after=3,contrast=0,reference=0"``.
+        ``"budget=0.02,reference=63+budget=0.03,queries=256,before=0,after=3,contrast=0"``.
 
         Raises:
             InputError: an unknown key or a value of the wrong type.
@@ -142,7 +152,7 @@ class Select:
             parts = [part.strip() for part in spec.split("+")]
             if not all(parts):
                 raise InputError(f"select {spec!r} has an empty part: join non-empty parts with '+', e.g. "
-                                 "'budget=0.02+budget=0.03,queries=256,before=0,after=3,contrast=0,reference=0'")
+                                 "'budget=0.02,reference=63+budget=0.03,queries=256,before=0,after=3,contrast=0'")
             return Selection(tuple(cls._parse_part(part) for part in parts))
         return cls._parse_part(spec)
 
