@@ -36,34 +36,38 @@ It patches ``ridgefill.fill.AttentionScores`` for the recording (a research scri
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 
 import torch
 
 
-def rows_needed(scores, candidates, before: int, after: int, contrast: int, sink: int = 1) -> list[int]:
-    """The rows ``choose_rows`` would make exact, in the order it takes them (row 0 first)."""
-    from ridgefill.select import local_contrast
-
+def _windows(scores, candidates, before: int, after: int):
+    """``(anchor, new rows)`` of each window ``choose_rows`` opens, in its order: candidates by falling
+    score, each widened to its not-yet-chosen candidate neighbours (``scores`` already contrasted)."""
     n = scores.numel()
     chosen = torch.zeros(n, dtype=torch.bool)
-    out = [r for r in range(min(sink, n)) if candidates[r]]
-    chosen[out] = True
-    candidates = candidates.clone()
-    candidates[:sink] = False
-    if contrast:
-        scores = local_contrast(scores, candidates, contrast)
     for r in torch.argsort(torch.where(candidates, scores.float(), float("-inf")), descending=True).tolist():
         if not candidates[r]:
             break
         if chosen[r]:
             continue
-        for w in range(max(0, r - before), min(n, r + after + 1)):
-            if candidates[w] and not chosen[w]:
-                chosen[w] = True
-                out.append(w)
-    return out
+        rows = [w for w in range(max(0, r - before), min(n, r + after + 1)) if candidates[w] and not chosen[w]]
+        chosen[rows] = True
+        yield r, rows
+
+
+def rows_needed(scores, candidates, before: int, after: int, contrast: int, sink: int = 1) -> list[int]:
+    """The rows ``choose_rows`` would make exact, in the order it takes them (row 0 first)."""
+    from ridgefill.select import local_contrast
+
+    out = [r for r in range(min(sink, scores.numel())) if candidates[r]]
+    candidates = candidates.clone()
+    candidates[:sink] = False
+    if contrast:
+        scores = local_contrast(scores, candidates, contrast)
+    return out + [w for _, rows in _windows(scores, candidates, before, after) for w in rows]
 
 
 def _spread(scores, radius: int):
@@ -73,19 +77,10 @@ def _spread(scores, radius: int):
 
 def _window_scores(scores, candidates, before: int, after: int, count: int = 64, sink: int = 1):
     """``[(score, rows)]`` of the first ``count`` windows ``choose_rows`` opens (already-contrasted scores)."""
-    n = scores.numel()
-    chosen = torch.zeros(n, dtype=torch.bool)
-    chosen[:sink] = True
-    out = []
-    for r in torch.argsort(torch.where(candidates, scores, float("-inf")), descending=True).tolist():
-        if len(out) == count or not candidates[r]:
-            break
-        if chosen[r] or r < sink:
-            continue
-        rows = {w for w in range(max(0, r - before), min(n, r + after + 1)) if candidates[w] and not chosen[w]}
-        chosen[list(rows)] = True
-        out.append((float(scores[r]), rows))
-    return out
+    candidates = candidates.clone()
+    candidates[:sink] = False
+    windows = itertools.islice(_windows(scores, candidates, before, after), count)
+    return [(float(scores[r]), set(rows)) for r, rows in windows]
 
 
 def reference_scores(att, reference: int, floor: float, heads: int = 8):

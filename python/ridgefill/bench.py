@@ -313,10 +313,8 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     if select is not None:
         chosen = prefill(model, ids, maps, tail=tail, mode="ridge", select=select).selected.tolist()
         sel = as_selection(select)  # leverage parts: chosen up front; attention parts: rounds + 1 passes
-        # each attention part scores its own last query + reference rows, at most the exact rows there are
-        scored = sum(min(p.queries + p.reference, tail + len(chosen)) for p in sel.parts if p.by == "attention")
         sel_ideal = ideal_ratio(model.config, n, maps.split, tail, selected=chosen, rounds=sel.rounds,
-                                queries=scored)
+                                queries=sel.scored_rows(tail + len(chosen)))
         sel_ratio = statistics.median(e / f for e, f in zip(times["exact"], times["sel"]))
         extra = {"sel_s": statistics.median(times["sel"]), "sel_s_all": times["sel"], "sel_ratio": sel_ratio,
                  "sel_ideal": sel_ideal, "sel_measured_over_ideal": sel_ratio / sel_ideal, "sel_rows": len(chosen),

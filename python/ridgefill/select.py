@@ -221,7 +221,13 @@ class Selection:
     def queries(self) -> int:
         """Rows scored per round (query and reference rows), over the attention parts (they may
         overlap; counted apart)."""
-        return sum(p.queries + p.reference for p in self.parts if p.by == "attention")
+        return self.scored_rows()
+
+    def scored_rows(self, exact_rows: int | None = None) -> int:
+        """Rows scored per round over the attention parts, each part at most ``exact_rows`` (the exact
+        rows there are: ``_LateFill.run`` hands a part its last ``queries + reference`` of them)."""
+        cap = float("inf") if exact_rows is None else exact_rows
+        return sum(min(p.queries + p.reference, cap) for p in self.parts if p.by == "attention")
 
     def __str__(self) -> str:
         """The ``--select`` spec: the parts' specs joined by ``+`` (:meth:`Select.parse` reads it back)."""
