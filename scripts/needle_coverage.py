@@ -21,8 +21,10 @@ max over the kept heads and layers, as ``Select(heads="induction")``):
 
 each with 8 or 16 heads, local contrast 0, 64 or 128, windows (2, 16) or (0, 12); the product of the
 ``last`` and ``question`` scores (to tell the asked needle from the others); the last row against the
-63 rows before it (``Select(reference=63, floor=...)``); and two-part selections (a ``last`` part and a
-``tail`` part with windows (0, 3), no contrast) splitting the budget.
+63 rows before it (``Select(reference=63, floor=...)``); two-part selections (a ``last`` part and a
+``tail`` part with windows (0, 3), no contrast) splitting the budget; and the query-agnostic leverage of
+``h_S`` (``Select(by="leverage")``, no contrast, ``prompt wB,A``) with several windows, alone and as a
+first part before a ``last ref63`` part (fifth session).
 
 Usage::
 
@@ -118,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     from ridgefill.evaluate.needles import case_rng, haystack_sentences, make_case
     from ridgefill.fileio import write_json
     from ridgefill.maps import load_maps
-    from ridgefill.select import AttentionScores, Select, attention_probs, induction_scores, local_contrast
+    from ridgefill.select import (AttentionScores, Select, attention_probs, induction_scores, leverage_scores,
+                                  local_contrast)
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -157,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     splits = {"last 2.5 % + tail (0,3) 2.5 %": (0.025, 0.025), "last 1 % + tail (0,3) 4 %": (0.01, 0.04),
               "last 40 rows + tail (0,3) 3 %": (40, 0.03), "last ref63 2.5 % + tail (0,3) 2.5 %": (0.025, 0.025),
               "last ref63 2 % + tail (0,3) 3 %": (0.02, 0.03), "last ref63 1 % + tail (0,3) 4 %": (0.01, 0.04)}
+    leverage_windows = ((16, 16), (8, 8), (8, 2), (9, 3), (14, 2))
+    leverage_parts = {"prompt 3 % w8,2 + last ref63 2 %": 0.03, "prompt 4 % w8,2 + last ref63 1 %": 0.04}
     cases = []
     for n in (int(x) for x in a.lengths.split(",")):
         for t in range(a.trials):
@@ -218,6 +223,22 @@ def main(argv: list[str] | None = None) -> int:
                 rest[chosen] = False
                 chosen += rows_needed(tail, rest, 0, 3, 0, sink=0)[:b2]
                 row["needed"][sname] = 0 if need <= set(chosen) else N  # covered within the budget or not
+            # query-agnostic: the leverage of h_S (the output of layer S) under the calibration covariance
+            with torch.inference_mode():
+                h = model(ids, output_hidden_states=True).hidden_states[maps.split + 1]
+            lev = leverage_scores(h, maps.mean_h, maps.cov_h).cpu()
+            for window in leverage_windows:
+                order = rows_needed(lev, candidates, *window, 0)
+                pos = {r: i for i, r in enumerate(order)}
+                row["needed"][f"prompt w{window[0]},{window[1]}"] = max(pos.get(r, N) for r in need) + 1
+            for sname, first in leverage_parts.items():
+                b1 = Select(budget=first).budget_rows(N)
+                chosen = rows_needed(lev, candidates, 8, 2, 0)[:b1]
+                rest = candidates.clone()
+                rest[chosen] = False
+                b2 = Select(budget=a.budget - first).budget_rows(N)
+                chosen += rows_needed(reference_scores(att, 63, 1.0), rest, 2, 16, 128, sink=0)[:b2]
+                row["needed"][sname] = 0 if need <= set(chosen) else N  # covered within the budget or not
             cases.append(row)
             print(f"{a.variant} {n} trial {t + 1}/{a.trials}: last-row rule needs "
                   f"{row['needed']['last sum h8 c128 w2,16']} rows ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -226,11 +247,12 @@ def main(argv: list[str] | None = None) -> int:
           "median rows needed / prompt")
     lengths = sorted({c["length"] for c in cases})
     refs = [f"last ref63 floor{f:g} c{c} w2,16" for f in (1.0, 0.1) for c in (0, 128)]
-    for rname in list(rules) + ["last x question sum h16", "last x question max h16"] + refs + list(splits):
+    levs = [f"prompt w{w[0]},{w[1]}" for w in leverage_windows]
+    for rname in list(rules) + ["last x question sum h16", "last x question max h16"] + refs + list(splits) + levs + list(leverage_parts):
         ok = {L: sum(c["needed"][rname] <= Select(budget=a.budget).budget_rows(c["tokens"]) for c in cases
                      if c["length"] == L) for L in lengths}
         shares = sorted(c["needed"][rname] / c["tokens"] for c in cases)
-        med = "" if rname in splits else f"  median {shares[len(shares) // 2]:.3f}"
+        med = "" if rname in splits or rname in leverage_parts else f"  median {shares[len(shares) // 2]:.3f}"
         print(f"  {rname:34s} " + " ".join(f"{L}:{ok[L]}/{a.trials}" for L in lengths) + f"  total {sum(ok.values())}{med}")
     found = [c for c in cases if c.get("needle_window") is not None]
     if found:

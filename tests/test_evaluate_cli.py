@@ -56,6 +56,18 @@ def test_eval_commands_and_report(workdir, capsys):
     assert len(needle["trials"]) == 4 and all(t["needle_in_filled_rows"] for t in needle["trials"])
     assert {r["system"] for r in needle["scores"]} == {"exact", "2/ridge", "2/none"}
 
+    # the selection systems alone answer the same cases as beside exact (a selection set beside an earlier
+    # run's exact answers)
+    args = ["--lengths", "1500", "--trials", "2", "--variants", "single,multikey", "--splits", "2",
+            "--needle-tail", "200", "--select", "prompt,budget=30"]
+    assert _run(workdir, "eval", "needle", *args, "--modes", "exact") == 0
+    both = json.loads((out / "needle.json").read_text())
+    assert _run(workdir, "eval", "needle", *args, "--modes", "") == 0
+    alone = json.loads((out / "needle.json").read_text())
+    assert {r["system"] for r in alone["scores"]} == {"2/ridge+sel"} and alone["modes"] == []
+    assert [t["results"]["2/ridge+sel"] for t in alone["trials"]] == [t["results"]["2/ridge+sel"] for t in both["trials"]]
+    assert [t["answer"] for t in alone["trials"]] == [t["answer"] for t in both["trials"]]
+
     assert _run(workdir, "eval", "depth", "--depths", "1/3,1/2", "--needle-length", "1500", "--needle-trials", "1",
                 "--needle-tail", "200", *LOSS) == 0
     depth = json.loads((out / "depth.json").read_text())
@@ -83,6 +95,8 @@ def test_eval_commands_and_report(workdir, capsys):
 def test_eval_bad_input(workdir, capsys, tmp_path):
     assert _run(workdir, "eval", "needle", "--variants", "triple") == 2
     assert "unknown needle variant" in capsys.readouterr().err
+    assert _run(workdir, "eval", "needle", "--modes", "") == 2
+    assert "leaves nothing to run" in capsys.readouterr().err
     assert _run(workdir, "eval", "loss", "--splits", "2", "--doc-tokens", "100", "--tail", "100") == 2
     assert "--tail 100 must be shorter" in capsys.readouterr().err
     assert _run(workdir, "eval", "loss", "--splits", "9", "--doc-tokens", "100", "--tail", "10") == 2

@@ -241,7 +241,7 @@ def test_leverage_selection_is_one_pass_with_the_chosen_rows(llama, ids, maps):
     h = reference(llama, ids[:, :40]).hidden_states[S + 1][0].double()  # h_S of the rows the maps saw
     maps = dataclasses.replace(maps, mean_h=h.mean(0).float(), cov_h=torch.cov(h.T, correction=0).float())
     sel = Select.parse("prompt,budget=6")
-    assert (sel.by, sel.before, sel.after, sel.contrast, sel.budget) == ("leverage", 16, 16, 0, 6)
+    assert (sel.by, sel.before, sel.after, sel.contrast, sel.budget) == ("leverage", 14, 2, 0, 6)
     for mode in ("ridge", "identity", "none"):
         res = prefill(llama, ids, maps, tail=3, mode=mode, select=sel)
         assert 0 < res.selected.numel() <= 6
@@ -286,8 +286,8 @@ def test_selection_parse_and_errors():
                  "budget=1e-05,floor=1e-06"):
         parsed = Select.parse(spec)
         assert Select.parse(str(parsed)) == parsed, spec  # str is a reusable --select spec
-    assert str(Select()) == "on" and str(Select.parse("prompt")) == "before=16,contrast=0,by=leverage"
-    assert Select.parse("prompt+on") == Selection((Select(by="leverage", before=16, after=16, contrast=0), Select()))
+    assert str(Select()) == "on" and str(Select.parse("prompt")) == "before=14,after=2,contrast=0,by=leverage"
+    assert Select.parse("prompt+on") == Selection((Select(by="leverage", before=14, after=2, contrast=0), Select()))
     with pytest.raises(InputError, match="Select parts"):
         Selection(())
     with pytest.raises(InputError, match="not key=value"):

@@ -78,7 +78,9 @@ class Select:
             rows the maps extrapolate on. For a shared document prefix whose question is not yet known.
             Needs maps with a calibration covariance (``RidgeMaps.cov_h``); ``queries``, ``heads``,
             ``top_heads`` and ``rounds`` are not used. ``Select.parse("prompt")`` is the measured
-            choice (``by="leverage", before=16, after=16, contrast=0``).
+            choice (``by="leverage", before=14, after=2, contrast=0``: a row of high leverage is the
+            end of an unusual span, such as a needle's last digits, so the window reaches back over the
+            value and its key; docs/evaluate.md, "Fifth session").
     """
 
     budget: float = 0.05
@@ -136,7 +138,7 @@ class Select:
         """``"off"`` → ``None``; else ``key=value`` pairs separated by commas, e.g.
         ``"budget=0.025,before=2,after=12,queries=1,heads=sum,rounds=1,contrast=0"`` (missing keys: the
         :class:`Select` defaults); ``"on"`` for :data:`DEFAULT_SELECT`; ``"prompt"`` for the query-agnostic
-        choice (``by=leverage,before=16,after=16,contrast=0``), to which further pairs may be added after a
+        choice (``by=leverage,before=14,after=2,contrast=0``), to which further pairs may be added after a
         comma. Parts joined by ``+`` make a :class:`Selection` (each part its own budget and scoring), e.g.
         ``"budget=0.02,reference=63+budget=0.03,queries=256,before=0,after=3,contrast=0"``.
 
@@ -165,7 +167,7 @@ class Select:
             raise InputError(f"select part {spec!r}: 'off' cannot be joined with other parts; leave the part out")
         kwargs: dict = {}
         if spec.split(",")[0].strip() == "prompt":
-            kwargs = {"by": "leverage", "before": 16, "after": 16, "contrast": 0}
+            kwargs = {"by": "leverage", "before": 14, "after": 2, "contrast": 0}
             spec = spec.partition(",")[2]
         for part in filter(None, spec.split(",")):
             key, eq, value = part.partition("=")

@@ -46,6 +46,11 @@ def _words(text: str) -> list[str]:
     return out
 
 
+def _modes_or_empty(text: str) -> list[str]:
+    """``_words``, or ``[]`` for ``''`` (eval needle: only the ``--select`` systems)."""
+    return [] if not str(text).strip() else _words(text)
+
+
 def _lam_factors(text: str) -> list[float]:
     try:
         out = [float(w) for w in _words(text)]
@@ -112,7 +117,10 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--lengths", type=_ints, default=[1024, 2048, 4096, 8000], help="context lengths (default 1k,2k,4k,8000)")
     p.add_argument("--trials", type=int, default=8, help="trials per variant and length (default 8)")
     p.add_argument("--variants", type=_words, default=["single", "multikey"], help="single,multikey (default both)")
-    p.add_argument("--modes", type=_words, default=["exact", "ridge", "identity", "none"])
+    p.add_argument("--modes", type=_modes_or_empty, default=["exact", "ridge", "identity", "none"],
+                   help="exact,ridge,centred,identity,none (default exact,ridge,identity,none); '' with --select: "
+                   "only the selection systems (the cases, seeds and depths are the same in every run, so a new "
+                   "selection can be set beside an earlier run's exact answers)")
     p.add_argument("--splits", type=_ints, default=None, help="fill splits (default L/2)")
     p.add_argument("--splices", type=_words, default=[], help="also answer with the ridge fill with these "
                    "splice components, e.g. k,v,k_scale (needs mode exact; default none)")
@@ -343,9 +351,11 @@ def _cmd_needle(a) -> None:
     for v in a.variants:
         if v not in VARIANTS:
             raise InputError(f"unknown needle variant {v!r}; use {','.join(VARIANTS)}")
+    selects = [s for s in a.select if s is not None]
+    if not a.modes and not selects:
+        raise InputError("--modes '' leaves nothing to run: give --select (the selection systems), or modes")
     model, tok, name = _setup(a)
     splits = _splits(a, model)
-    selects = [s for s in a.select if s is not None]
     maps = _maps(a, model, tok, name, splits, _needs_maps(a, selects) or a.splices or a.key_scale_tokens)
     scales = _key_scales(a, model, tok, maps, splits) if a.key_scale_tokens else {}
     texts = _eval_texts(a)

@@ -1,0 +1,32 @@
+"""The research scripts' row sets (``scripts/needle_oracle.py``): on the bundled tokenizer the rows they
+call a needle's value and key decode to that value and key, for every needle of a multikey case."""
+
+import importlib.util
+from pathlib import Path
+
+from ridgefill.assets import EVALUATION_BOOKS, load_model, load_texts
+from ridgefill.evaluate.needles import case_rng, haystack_sentences, make_case
+
+
+def _script(name):
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_needle_oracle_row_sets_are_the_needles_value_and_key():
+    oracle = _script("needle_oracle")
+    _, tok, _ = load_model()
+    sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
+    for t in range(3):
+        case = make_case(tok, sentences, length=1024, tail=64, variant="multikey", rng=case_rng(0, "multikey", 1024, t))
+        ids = case.input_ids
+        for j in range(len(case.spans)):
+            sets = oracle.needle_rows(case.spans, j)
+            assert tok.decode(ids[sets["asked_value"]]).strip() == f": {case.values[j]}."
+            assert tok.decode(ids[sets["asked_key"]]).strip() == f"for {case.keys[j]} is"
+            assert sets["asked_whole"] == list(range(*case.spans[j]))
+            assert len(sets["all_values"]) == 10 * len(case.spans)
+            assert set(sets["asked_whole+values"]) == set(sets["asked_whole"]).union(sets["all_values"])
