@@ -3,8 +3,9 @@
 
 An oracle check of row selection (docs/evaluate.md, "Fifth session"): for each needle prompt of
 ``ridgefill eval needle`` (the same cases: :func:`ridgefill.evaluate.needles.make_case` with the same
-seeds and depths) it answers with the exact prefill, the plain ridge fill, and the ridge fill with
-given needle rows passed as ``exact_rows`` (plus row 0), and scores each answer as ``eval needle`` does:
+seeds and depths) it answers with the exact prefill, the ridge fill with row 0 exact (``ridge``, the
+baseline of the sets below), and the ridge fill with given needle rows passed as ``exact_rows`` (plus
+row 0), and scores each answer as ``eval needle`` does:
 
 - ``asked_value``: the asked needle's last 10 rows (``": "``, the 7 digits, ``"."``);
 - ``asked_key``: the asked needle's key rows (``" for"``, the key, ``" is"``), not its value;
@@ -15,7 +16,7 @@ given needle rows passed as ``exact_rows`` (plus row 0), and scores each answer 
 
 No row chooser is involved: it tells what a chooser must find (on SmolLM2 at S = 15, multikey: the
 asked value alone answers every case, even those exact misses; with every needle's value exact the fill
-answers as exact does; with a distractor's value exact and not the asked one's it gives the distractor).
+answers about as exact does).
 
 Usage::
 
@@ -23,7 +24,8 @@ Usage::
         --lengths 1024,2048 --trials 16 --json oracle.json
 
 The model is the default SmolLM2 unless ``--model`` names another (``ridgefill.assets.load_model``); the
-needle layout (7-digit values, digits one token each) must hold for its tokenizer (checked).
+needle layout must hold for its tokenizer: every needle's last 10 rows decode to ``": <value>."`` and
+its rows from the 7th to the 11th-last to ``"for <key> is"`` (checked for every needle of every case).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=16)
     ap.add_argument("--tail", type=int, default=64)
     ap.add_argument("--sets", default=None, help="comma-separated row sets to try (default all of the above)")
-    ap.add_argument("--only", default=None, help="comma-separated trial indices to run (default all; the cases "
-                    "and depths are those of the full --trials run)")
+    ap.add_argument("--only", default=None, help="comma-separated 0-based trial indices to run, each below "
+                    "--trials (default all; the cases and depths are those of the full --trials run; the progress "
+                    "lines count from 1)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="write the per-case scores here")
     a = ap.parse_args(argv)
@@ -68,6 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     from ridgefill.fill import generate_after, prefill
     from ridgefill.maps import load_maps
 
+    known = ("asked_value", "asked_key", "asked_whole", "all_values", "all_whole", "asked_whole+values")
+    wanted = known if a.sets is None else tuple(x.strip() for x in a.sets.split(","))
+    if set(wanted) - set(known):
+        raise InputError(f"--sets: unknown row sets {sorted(set(wanted) - set(known))}; choose among {list(known)}")
+    try:
+        trials = range(a.trials) if a.only is None else [int(x) for x in a.only.split(",")]
+    except ValueError:
+        raise InputError(f"--only {a.only!r}: expected comma-separated trial indices, e.g. 0,3,5") from None
+    if not trials or any(not 0 <= t < a.trials for t in trials):
+        raise InputError(f"--only {a.only!r}: indices must be in 0..{a.trials - 1} (0-based, below --trials)")
     if a.threads:
         torch.set_num_threads(a.threads)
     model, tok, name = load_model(a.model)
@@ -75,23 +88,22 @@ def main(argv: list[str] | None = None) -> int:
     sentences = haystack_sentences(_eval_texts(argparse.Namespace(text=None)))
     cases = []
     for n in (int(x) for x in a.lengths.split(",")):
-        for t in (range(a.trials) if a.only is None else (int(x) for x in a.only.split(","))):
+        for t in trials:
             t0 = time.perf_counter()
             depth = (t + 0.5) / a.trials * 0.9 + 0.05 if a.variant == "single" else None
             case = make_case(tok, sentences, length=n, tail=a.tail, variant=a.variant,
                              rng=case_rng(0, a.variant, n, t), depth=depth)
             ids = case.input_ids[None]
             sets = needle_rows(case.spans, case.asked)
-            if a.sets is not None:
-                unknown = set(a.sets.split(",")) - set(sets)
-                if unknown:
-                    raise InputError(f"--sets: unknown row sets {sorted(unknown)}; choose among {sorted(sets)}")
-            digits = tok.decode(ids[0, sets["asked_value"][2:-1]])
-            if digits != case.answer:
-                raise InputError(f"the asked value rows decode to {digits!r}, not {case.answer!r}: this tokenizer "
-                                 "does not split the needle as the script assumes (digits one token each)")
+            for j in range(len(case.spans)):  # the layout the row sets assume, for every needle
+                rows = needle_rows(case.spans, j)
+                value, key = (tok.decode(ids[0, rows[k]]).strip() for k in ("asked_value", "asked_key"))
+                if value != f": {case.values[j]}." or key != f"for {case.keys[j]} is":
+                    raise InputError(f"needle {j}: the value rows decode to {value!r} and the key rows to {key!r}, "
+                                     f"not ': {case.values[j]}.' and 'for {case.keys[j]} is': this tokenizer splits "
+                                     "the needle differently from what the script assumes")
             row = {"length": n, "trial": t, "asked": case.asked, "answer": case.answer, "scores": {}}
-            chosen = {k: v for k, v in sets.items() if a.sets is None or k in a.sets.split(",")}
+            chosen = {k: v for k, v in sets.items() if k in wanted}
             for sname, rows in {"exact": None, "ridge": [], **chosen}.items():
                 res = (prefill(model, ids, tail=a.tail, mode="exact") if rows is None else
                        prefill(model, ids, maps, tail=a.tail, mode="ridge", exact_rows=[0] + rows))
@@ -113,4 +125,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ridgefill.errors import InputError
+
+    try:
+        sys.exit(main())
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

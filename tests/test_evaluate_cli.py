@@ -59,11 +59,11 @@ def test_eval_commands_and_report(workdir, capsys):
     # the selection systems alone answer the same cases as beside exact (a selection set beside an earlier
     # run's exact answers)
     args = ["--lengths", "1500", "--trials", "2", "--variants", "single,multikey", "--splits", "2",
-            "--needle-tail", "200", "--select", "prompt,budget=30"]
+            "--needle-tail", "200", "--select", "prompt,budget=30", "--json", str(out / "needle-sel.json")]
     assert _run(workdir, "eval", "needle", *args, "--modes", "exact") == 0
-    both = json.loads((out / "needle.json").read_text())
+    both = json.loads((out / "needle-sel.json").read_text())
     assert _run(workdir, "eval", "needle", *args, "--modes", "") == 0
-    alone = json.loads((out / "needle.json").read_text())
+    alone = json.loads((out / "needle-sel.json").read_text())
     assert {r["system"] for r in alone["scores"]} == {"2/ridge+sel"} and alone["modes"] == []
     assert [t["results"]["2/ridge+sel"] for t in alone["trials"]] == [t["results"]["2/ridge+sel"] for t in both["trials"]]
     assert [t["answer"] for t in alone["trials"]] == [t["answer"] for t in both["trials"]]

@@ -39,3 +39,19 @@ def test_load_reports_reads_xz_and_rejects_foreign_files(tmp_path):
     (tmp_path / "other.json").write_text('{"kind": "other"}')
     with pytest.raises(InputError, match="not the output of"):
         load_reports([tmp_path / "other.json"])
+
+
+def test_provenance_commands_can_be_pasted_back():
+    """An empty argument (``--modes ''``) and a spec with spaces survive in the report's command line,
+    also for merged reports."""
+    import shlex
+
+    from ridgefill.evaluate.report import _provenance
+
+    argv = ["eval", "needle", "--modes", "", "--select", "prompt,budget=30"]
+    rep = {**_needle("a.json", [1024], [1]), "argv": argv, "num_layers": 30}
+    line = _provenance(rep)
+    assert "`ridgefill eval needle --modes '' --select prompt,budget=30`" in line
+    assert shlex.split(line.split("`")[3])[1:] == argv
+    (merged,) = merge_needle_reports([rep, {**_needle("b.json", [8192], [1]), "argv": argv[:2], "num_layers": 30}])
+    assert "`ridgefill eval needle --modes '' --select prompt,budget=30 ; ridgefill eval needle`" in _provenance(merged)

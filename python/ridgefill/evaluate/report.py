@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import lzma
 import re
+import shlex
 from pathlib import Path
 from typing import Sequence
 
@@ -90,7 +91,7 @@ def _loss_row(summary: list[dict], set_: str, tokens: str, variant: str) -> dict
 def _provenance(rep: dict) -> str:
     wall = rep.get("wall_seconds")
     return (f"Model {rep['model']} ({rep['num_layers']} layers); from `{rep['_path']}`; command "
-            f"`ridgefill {' '.join(rep.get('argv', []))}`; wall time {wall / 60:.1f} min"
+            f"`ridgefill {rep.get('_command') or shlex.join(rep.get('argv', []))}`; wall time {wall / 60:.1f} min"
             + (f" (load average {rep['load_average_start'][0]:.1f} at start)" if rep.get("load_average_start") else "")
             + ".")
 
@@ -346,7 +347,7 @@ def merge_needle_reports(reps: list[dict]) -> list[dict]:
         if len(parts) > 1:
             rep["scores"] = summarise_needles(rep["trials"])
             rep["_path"] = " + ".join(p["_path"] for p in parts)
-            rep["argv"] = [" ; ridgefill ".join(" ".join(p.get("argv", [])) for p in parts)]
+            rep["_command"] = " ; ridgefill ".join(shlex.join(p.get("argv", [])) for p in parts)
             rep["wall_seconds"] = sum(p.get("wall_seconds", 0.0) for p in parts)
             counts = sorted({p["trials_per_cell"] for p in parts})
             rep["trials_per_cell"] = "/".join(map(str, counts))
