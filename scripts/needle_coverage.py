@@ -72,6 +72,24 @@ def rows_needed(scores, candidates, before: int, after: int, contrast: int, sink
     return out + [w for _, rows in _windows(scores, candidates, before, after) for w in rows]
 
 
+def rows_to_cover(order: list[int], need: set[int], num_rows: int) -> int:
+    """How many rows of ``order`` are taken before every row of ``need`` is (``num_rows + 1`` if some never is)."""
+    pos = {r: i for i, r in enumerate(order)}
+    return max(pos.get(r, num_rows) for r in need) + 1
+
+
+def two_parts_cover(candidates, need: set[int], first: tuple, second: tuple) -> bool:
+    """Whether two parts, each ``(scores, before, after, contrast, rows)``, the second choosing among the rows
+    the first left (no sink row of its own), make every row of ``need`` exact (``Selection`` of two parts)."""
+    scores, before, after, contrast, rows = first
+    chosen = rows_needed(scores, candidates, before, after, contrast)[:rows]
+    rest = candidates.clone()
+    rest[chosen] = False
+    scores, before, after, contrast, rows = second
+    chosen += rows_needed(scores, rest, before, after, contrast, sink=0)[:rows]
+    return need <= set(chosen)
+
+
 def _spread(scores, radius: int):
     """Max over the rows within ``radius`` of each row."""
     return torch.nn.functional.max_pool1d(scores[None, None], 2 * radius + 1, 1, radius)[0, 0]
@@ -117,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     from ridgefill.assets import load_model
     from ridgefill.errors import InputError
     from ridgefill.evaluate.cli import _eval_texts
-    from ridgefill.evaluate.needles import case_rng, haystack_sentences, make_case
+    from ridgefill.evaluate.needles import case_depth, case_rng, haystack_sentences, make_case
     from ridgefill.fileio import write_json
     from ridgefill.maps import load_maps
     from ridgefill.select import (AttentionScores, Select, attention_probs, induction_scores, leverage_scores,
@@ -166,9 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in a.lengths.split(",")):
         for t in range(a.trials):
             t0 = time.perf_counter()
-            depth = (t + 0.5) / a.trials * 0.9 + 0.05 if a.variant == "single" else None
             case = make_case(tok, sentences, length=n, tail=a.tail, variant=a.variant,
-                             rng=case_rng(0, a.variant, n, t), depth=depth)
+                             rng=case_rng(0, a.variant, n, t), depth=case_depth(a.variant, t, a.trials))
             ids = case.input_ids[None]
             start, end = case.spans[case.asked]
             value = list(range(end - 1 - len(case.answer), end - 1))  # the digits, before the final "."
@@ -186,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             for rname, (q, pool, heads, contrast, window) in rules.items():
                 qn = {"last": 1, "question": case.question_tokens, "tail": a.tail}[q]
                 order = rows_needed(rule_scores(att, qn, pool, heads), candidates, *window, contrast)
-                pos = {r: i for i, r in enumerate(order)}
-                row["needed"][rname] = max(pos.get(r, N) for r in need) + 1
+                row["needed"][rname] = rows_to_cover(order, need, N)
             # products of the last row's and the question's scores (each by local contrast, then the max
             # over +-8 rows, so that the rows each finds may differ by a few): does the question tell the
             # asked needle from the others?
@@ -199,13 +215,11 @@ def main(argv: list[str] | None = None) -> int:
                 quesc = local_contrast(rule_scores(att, ques_rows, pool, 16), rest, 128)
                 product = _spread(lastc, 8) * _spread(quesc, 8) * (lastc > 0)
                 order = rows_needed(product, candidates, 2, 16, 0)
-                pos = {r: i for i, r in enumerate(order)}
-                row["needed"][f"last x question {pool} h16"] = max(pos.get(r, N) for r in need) + 1
+                row["needed"][f"last x question {pool} h16"] = rows_to_cover(order, need, N)
             for floor in (1.0, 0.1):  # the last row against the 63 rows before it (Select(reference=63))
                 for contrast in (0, 128):
                     order = rows_needed(reference_scores(att, 63, floor), candidates, 2, 16, contrast)
-                    pos = {r: i for i, r in enumerate(order)}
-                    row["needed"][f"last ref63 floor{floor:g} c{contrast} w2,16"] = max(pos.get(r, N) for r in need) + 1
+                    row["needed"][f"last ref63 floor{floor:g} c{contrast} w2,16"] = rows_to_cover(order, need, N)
             last = rule_scores(att, 1, "sum", 8)
             tail = rule_scores(att, a.tail, "sum", 8)
             # the last-row rule's window scores (local contrast) relative to its top window: the first window
@@ -217,28 +231,20 @@ def main(argv: list[str] | None = None) -> int:
             row["eighth_window_score"] = windows[7][0] / windows[0][0] if len(windows) > 7 else None
             for sname, (first, second) in splits.items():
                 b1, b2 = (Select(budget=b).budget_rows(N) for b in (first, second))
-                needle_part = (reference_scores(att, 63, 1.0), 128) if "ref63" in sname else (last, 128)
-                chosen = rows_needed(needle_part[0], candidates, 2, 16, needle_part[1])[:b1]
-                rest = candidates.clone()
-                rest[chosen] = False
-                chosen += rows_needed(tail, rest, 0, 3, 0, sink=0)[:b2]
-                row["needed"][sname] = 0 if need <= set(chosen) else N  # covered within the budget or not
+                needle_part = reference_scores(att, 63, 1.0) if "ref63" in sname else last
+                covered = two_parts_cover(candidates, need, (needle_part, 2, 16, 128, b1), (tail, 0, 3, 0, b2))
+                row["needed"][sname] = 0 if covered else N  # covered within the budget or not
             # query-agnostic: the leverage of h_S (the output of layer S) under the calibration covariance
             with torch.inference_mode():
                 h = model(ids, output_hidden_states=True).hidden_states[maps.split + 1]
             lev = leverage_scores(h, maps.mean_h, maps.cov_h).cpu()
             for window in leverage_windows:
-                order = rows_needed(lev, candidates, *window, 0)
-                pos = {r: i for i, r in enumerate(order)}
-                row["needed"][f"prompt w{window[0]},{window[1]}"] = max(pos.get(r, N) for r in need) + 1
+                row["needed"][f"prompt w{window[0]},{window[1]}"] = rows_to_cover(rows_needed(lev, candidates, *window, 0), need, N)
             for sname, first in leverage_parts.items():
-                b1 = Select(budget=first).budget_rows(N)
-                chosen = rows_needed(lev, candidates, 8, 2, 0)[:b1]
-                rest = candidates.clone()
-                rest[chosen] = False
-                b2 = Select(budget=a.budget - first).budget_rows(N)
-                chosen += rows_needed(reference_scores(att, 63, 1.0), rest, 2, 16, 128, sink=0)[:b2]
-                row["needed"][sname] = 0 if need <= set(chosen) else N  # covered within the budget or not
+                b1, b2 = (Select(budget=b).budget_rows(N) for b in (first, a.budget - first))
+                covered = two_parts_cover(candidates, need, (lev, 8, 2, 0, b1),
+                                          (reference_scores(att, 63, 1.0), 2, 16, 128, b2))
+                row["needed"][sname] = 0 if covered else N
             cases.append(row)
             print(f"{a.variant} {n} trial {t + 1}/{a.trials}: last-row rule needs "
                   f"{row['needed']['last sum h8 c128 w2,16']} rows ({time.perf_counter() - t0:.0f} s)", flush=True)

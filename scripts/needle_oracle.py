@@ -66,12 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     from ridgefill.assets import load_model
     from ridgefill.errors import InputError
     from ridgefill.evaluate.cli import _eval_texts
-    from ridgefill.evaluate.needles import case_rng, haystack_sentences, make_case, score_answer
+    from ridgefill.evaluate.needles import case_depth, case_rng, haystack_sentences, make_case, score_answer
     from ridgefill.fileio import write_json
     from ridgefill.fill import generate_after, prefill
     from ridgefill.maps import load_maps
 
-    known = ("asked_value", "asked_key", "asked_whole", "all_values", "all_whole", "asked_whole+values")
+    known = tuple(needle_rows([(0, 22)], 0))  # the names of the row sets
     wanted = known if a.sets is None else tuple(x.strip() for x in a.sets.split(","))
     if set(wanted) - set(known):
         raise InputError(f"--sets: unknown row sets {sorted(set(wanted) - set(known))}; choose among {list(known)}")
@@ -90,9 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in a.lengths.split(",")):
         for t in trials:
             t0 = time.perf_counter()
-            depth = (t + 0.5) / a.trials * 0.9 + 0.05 if a.variant == "single" else None
             case = make_case(tok, sentences, length=n, tail=a.tail, variant=a.variant,
-                             rng=case_rng(0, a.variant, n, t), depth=depth)
+                             rng=case_rng(0, a.variant, n, t), depth=case_depth(a.variant, t, a.trials))
             ids = case.input_ids[None]
             sets = needle_rows(case.spans, case.asked)
             for j in range(len(case.spans)):  # the layout the row sets assume, for every needle

@@ -379,7 +379,7 @@ def _needle_column(model, tok, maps, cfg: RunConfig, systems, texts, bar) -> dic
     """Percent of ``cfg.needle_trials`` single-needle prompts (``doc_tokens`` tokens, needle at evenly
     spread depths of the filled rows, ``cfg.needle_tail`` exact rows; haystack: the evaluation
     ``texts``) each system answers."""
-    from .evaluate.needles import answer_case, case_rng, haystack_sentences, make_case, score_answer
+    from .evaluate.needles import answer_case, case_depth, case_rng, haystack_sentences, make_case, score_answer
 
     if cfg.needle_trials == 0:
         return {}
@@ -388,7 +388,7 @@ def _needle_column(model, tok, maps, cfg: RunConfig, systems, texts, bar) -> dic
     for t in range(cfg.needle_trials):
         case = make_case(tok, sentences, length=cfg.doc_tokens, tail=cfg.needle_tail, variant="single",
                          rng=case_rng(cfg.seed, "single", cfg.doc_tokens, t),
-                         depth=(t + 0.5) / cfg.needle_trials * 0.9 + 0.05)
+                         depth=case_depth("single", t, cfg.needle_trials))
         for name, mode, sel in systems:
             ans = answer_case(model, tok, case, mode=mode, maps=maps, split=cfg.split, select=sel)
             hits[name] += score_answer(ans, case.answer) > 0

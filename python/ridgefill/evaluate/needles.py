@@ -216,6 +216,12 @@ def case_rng(seed: int, variant: str, length: int, trial: int) -> np.random.Gene
     return np.random.default_rng([seed, VARIANTS.index(variant), length, trial])
 
 
+def case_depth(variant: str, trial: int, trials: int) -> float | None:
+    """The asked needle's depth in trial ``trial`` of ``trials`` (fraction of the filled rows): single
+    needles spread evenly over 0.05-0.95; ``None`` for multikey (random depths from the case's generator)."""
+    return (trial + 0.5) / trials * 0.9 + 0.05 if variant == "single" else None
+
+
 def score_answer(answer: str, value: str) -> float:
     """RULER string match: 100 if ``value`` occurs in ``answer`` (case-insensitive), else 0."""
     return 100.0 if value.lower() in answer.lower() else 0.0
@@ -321,7 +327,7 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
         for n in lengths:
             for t in range(trials):
                 t0 = time.perf_counter()
-                depth = (t + 0.5) / trials * 0.9 + 0.05 if variant == "single" else None
+                depth = case_depth(variant, t, trials)
                 case = make_case(tokenizer, sentences, length=n, tail=tail, variant=variant,
                                  rng=case_rng(seed, variant, n, t), depth=depth, chat=chat)
                 rec = {"variant": variant, "length": n, "trial": t, "tokens": int(case.input_ids.numel()),
