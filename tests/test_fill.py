@@ -79,6 +79,26 @@ def test_oracle_maps_with_selected_exact_rows():
     torch.testing.assert_close(res.logits, out.logits[:, res.exact_positions], rtol=0, atol=5e-4)
 
 
+def test_scattered_exact_rows_attend_in_blocks(monkeypatch):
+    """Exact rows spread over the prompt attend in blocks of ``query_block`` rows, each block reading
+    the keys up to its last row only: blocks of 2 rows give the true model's logits (oracle maps) and,
+    in mode none (keys masked to the exact rows), the same logits and cache as one block."""
+    model = tiny_llama(seed=3, hidden=96)
+    ids = torch.randint(0, 101, (1, 60), generator=torch.Generator().manual_seed(5))
+    maps = oracle_maps(model, ids, S)
+    out = reference(model, ids)
+    rows = [0, 3, 17, 18, 30, 41, 50]
+    one = prefill(model, ids, maps, tail=4, exact_rows=rows, mode="none", split=S, logits="exact")
+    monkeypatch.setattr(type(adapter_for(model)), "query_block", 2)
+    res = prefill(model, ids, maps, tail=4, exact_rows=rows, mode="ridge", logits="exact")
+    torch.testing.assert_close(res.logits, out.logits[:, res.exact_positions], rtol=0, atol=5e-4)
+    blocks = prefill(model, ids, maps, tail=4, exact_rows=rows, mode="none", split=S, logits="exact")
+    torch.testing.assert_close(blocks.logits, one.logits, rtol=0, atol=1e-5)
+    for layer in range(model.config.num_hidden_layers):
+        for a, b in zip(cache_kv(blocks.cache, layer), cache_kv(one.cache, layer)):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["ridge", "identity", "none"])
 def test_causality_later_tokens_never_change_earlier_rows(tiny, tiny_ids, mode):
     t = 30

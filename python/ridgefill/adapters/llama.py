@@ -33,6 +33,9 @@ def plain_rms_norms() -> tuple[type, ...]:
 
 class LlamaAdapter(DecoderAdapter):
     model_types = ("llama",)
+    #: Exact rows per attention call when they are not every row in order (a tail, row selection):
+    #: each block reads the keys up to its last row only (:meth:`attend`); positions must be sorted.
+    query_block: int = 128
 
     def __init__(self, model: torch.nn.Module):
         super().__init__(model)
@@ -253,9 +256,18 @@ class LlamaAdapter(DecoderAdapter):
         head_dim]`` (restricted to ``visible`` ``[P]`` when given); ``[batch, heads, rows, head_dim]``.
         Sliding-window models override it (:class:`~ridgefill.adapters.parts.SlidingWindows`)."""
         mask = self.visible_keys(layer, positions, keys.shape[2], visible)
-        return F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scaling,
-            enable_gqa=self.num_heads != self.num_kv_heads)
+        gqa = self.num_heads != self.num_kv_heads
+        if mask is None:
+            return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.scaling, enable_gqa=gqa)
+        # Exact rows spread over the prompt (row selection, a short tail): a block of rows reads only the
+        # keys up to its last row, so each row costs about its causal share (p + 1 keys), not the prompt.
+        outs = []
+        for start in range(0, positions.numel(), self.query_block):
+            hi = int(positions[min(start + self.query_block, positions.numel()) - 1]) + 1
+            outs.append(F.scaled_dot_product_attention(
+                q[:, :, start:start + self.query_block], keys[:, :, :hi], values[:, :, :hi],
+                attn_mask=mask[start:start + self.query_block, :hi], scale=self.scaling, enable_gqa=gqa))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     def layer(self, layer: int, x: Tensor, rope: Rope, positions: Tensor, keys: Tensor,
               values: Tensor, visible: Tensor | None = None) -> Tensor:
