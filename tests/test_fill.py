@@ -99,6 +99,55 @@ def test_scattered_exact_rows_attend_in_blocks(monkeypatch):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("mode", ["identity", "none"])
+def test_attention_blocks_read_keys_up_to_their_last_row(monkeypatch, family, mode):
+    """Batch 2, Llama and Gemma 3's full-attention layers: blocks of 3 rows give the logits and cache of
+    one block, and each block's attention call reads exactly the keys up to its last row."""
+    import sys
+
+    import ridgefill.adapters.llama as llama_module
+    from test_gemma3 import tiny_gemma3
+
+    model = tiny_llama(seed=4) if family == "llama" else tiny_gemma3(seed=4)
+    vocab = model.config.vocab_size
+    ids = torch.randint(3, vocab, (2, 50), generator=torch.Generator().manual_seed(6))
+    rows = [0, 5, 9, 22, 23, 31, 40]
+    kwargs = dict(tail=3, exact_rows=rows, mode=mode, split=S, logits="exact")
+    one = prefill(model, ids, **kwargs)
+    monkeypatch.setattr(type(adapter_for(model)), "query_block", 3)
+    seen, sdpa = [], llama_module.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):  # the masked calls of LlamaAdapter.attend (not the causal lower layers)
+        if kw.get("attn_mask") is not None and sys._getframe(1).f_code.co_filename.endswith("llama.py"):
+            seen.append((q.shape[2], k.shape[2]))
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(llama_module.F, "scaled_dot_product_attention", spy)
+    blocks = prefill(model, ids, **kwargs)
+    torch.testing.assert_close(blocks.logits, one.logits, rtol=0, atol=1e-5)
+    for layer in range(model.config.num_hidden_layers):
+        for a, b in zip(cache_kv(blocks.cache, layer), cache_kv(one.cache, layer)):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    exact = blocks.exact_positions.tolist()  # [0, 5, 9, 22, 23, 31, 40, 47, 48, 49]
+    want = [(len(exact[i:i + 3]), exact[min(i + 3, len(exact)) - 1] + 1) for i in range(0, len(exact), 3)]
+    late_full = [layer for layer in range(S + 1, model.config.num_hidden_layers)
+                 if not getattr(adapter_for(model), "is_sliding", lambda _: False)(layer)]
+    assert seen == want * len(late_full)
+
+
+def test_attention_blocks_any_row_order(monkeypatch):
+    """Rows in any order: a block reads the keys up to its latest row, so blocks of 2 equal one call."""
+    ad = adapter_for(tiny_llama(seed=5))
+    g = torch.Generator().manual_seed(7)
+    positions = torch.tensor([30, 5, 12, 39, 2])
+    q = torch.randn(1, ad.num_heads, 5, ad.head_dim, generator=g)
+    k, v = (torch.randn(1, ad.num_kv_heads, 40, ad.head_dim, generator=g) for _ in range(2))
+    one = ad.attend(3, q, positions, k, v, None)
+    monkeypatch.setattr(type(ad), "query_block", 2)
+    torch.testing.assert_close(ad.attend(3, q, positions, k, v, None), one, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("mode", ["ridge", "identity", "none"])
 def test_causality_later_tokens_never_change_earlier_rows(tiny, tiny_ids, mode):
     t = 30

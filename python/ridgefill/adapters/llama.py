@@ -34,7 +34,7 @@ def plain_rms_norms() -> tuple[type, ...]:
 class LlamaAdapter(DecoderAdapter):
     model_types = ("llama",)
     #: Exact rows per attention call when they are not every row in order (a tail, row selection):
-    #: each block reads the keys up to its last row only (:meth:`attend`); positions must be sorted.
+    #: each block reads the keys up to its latest row only (:meth:`attend`).
     query_block: int = 128
 
     def __init__(self, model: torch.nn.Module):
@@ -261,12 +261,14 @@ class LlamaAdapter(DecoderAdapter):
             return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.scaling, enable_gqa=gqa)
         # Exact rows spread over the prompt (row selection, a short tail): a block of rows reads only the
         # keys up to its last row, so each row costs about its causal share (p + 1 keys), not the prompt.
-        outs = []
-        for start in range(0, positions.numel(), self.query_block):
-            hi = int(positions[min(start + self.query_block, positions.numel()) - 1]) + 1
-            outs.append(F.scaled_dot_product_attention(
-                q[:, :, start:start + self.query_block], keys[:, :, :hi], values[:, :, :hi],
-                attn_mask=mask[start:start + self.query_block, :hi], scale=self.scaling, enable_gqa=gqa))
+        block = self.query_block
+        rows = positions.numel()
+        padded = F.pad(positions, (0, -rows % block), value=-1)  # each block's last key: one host sync
+        ends = (padded.view(-1, block).amax(1) + 1).tolist()
+        outs = [F.scaled_dot_product_attention(
+                    q[:, :, start:start + block], keys[:, :, :hi], values[:, :, :hi],
+                    attn_mask=mask[start:start + block, :hi], scale=self.scaling, enable_gqa=gqa)
+                for start, hi in zip(range(0, rows, block), ends)]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     def layer(self, layer: int, x: Tensor, rope: Rope, positions: Tensor, keys: Tensor,
