@@ -77,11 +77,11 @@ class Select:
             their split state ``h_S`` under the calibration covariance (:func:`leverage_scores`): the
             rows the maps extrapolate on. For a shared document prefix whose question is not yet known.
             Needs maps with a calibration covariance (``RidgeMaps.cov_h``); ``queries``, ``heads``,
-            ``top_heads`` and ``rounds`` are not used. ``Select.parse("prompt")`` is the choice
-            measured on SmolLM2 (on Gemma 3 it answered 4 of 8 needles at 8K where the default ``on``
-            answers 8: docs/evaluate.md, "Sixth session") (``by="leverage", before=14, after=2, contrast=0``: a row of high leverage is the
-            end of an unusual span, such as a needle's last digits, so the window reaches back over the
-            value and its key; docs/evaluate.md, "Fifth session").
+            ``top_heads`` and ``rounds`` are not used. ``Select.parse("prompt")``
+            (``by="leverage", before=14, after=2, contrast=0``) is the choice measured on SmolLM2: a row
+            of high leverage is the end of an unusual span, such as a needle's last digits, so the window
+            reaches back over the value and its key (docs/evaluate.md, "Fifth session"). On Gemma 3 it
+            answered 4 of 8 needles at 8K where the default answers 8 (docs/evaluate.md, "Sixth session").
     """
 
     budget: float = 0.05

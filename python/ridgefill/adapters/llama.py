@@ -260,10 +260,10 @@ class LlamaAdapter(DecoderAdapter):
         if mask is None:
             return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.scaling, enable_gqa=gqa)
         # Exact rows spread over the prompt (row selection, a short tail): a block of rows reads only the
-        # keys up to its last row, so each row costs about its causal share (p + 1 keys), not the prompt.
+        # keys up to its latest row, so each row costs about its causal share (p + 1 keys), not the prompt.
         block = self.query_block
         rows = positions.numel()
-        padded = F.pad(positions, (0, -rows % block), value=-1)  # each block's last key: one host sync
+        padded = F.pad(positions, (0, -rows % block), value=-1)  # each block's latest key: one host sync
         ends = (padded.view(-1, block).amax(1) + 1).tolist()
         outs = [F.scaled_dot_product_attention(
                     q[:, :, start:start + block], keys[:, :, :hi], values[:, :, :hi],
