@@ -10,7 +10,8 @@ splits, tails and budgets:
 - given the exact set it chose, the result is the one-pass prefill with that exact set, so every entry
   of row ``i`` depends only on rows ``≤ i`` and the chosen set (``filled_causal`` for that set), and
   exact rows see every earlier row (their logits equal the one-pass prefill's, which attends causally);
-- the chosen rows are filled rows, within the budget, and include the sink rows.
+- the chosen rows are filled rows, within the budget (the parts' sum, or the selection's total when it
+  has one), and include the first part's sink rows.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from crossval.models import CONFIGS, fitted_maps, kv, prompts, tiny_llama
 selects = st.builds(Select, budget=st.integers(1, 12), before=st.integers(0, 3), after=st.integers(0, 4),
                     queries=st.integers(1, 3), heads=st.sampled_from(["sum", "max"]), rounds=st.integers(1, 2),
                     sink=st.integers(0, 1), reference=st.integers(0, 8), floor=st.sampled_from([0.1, 1.0]))
-# one Select, or a Selection of two parts (each its own budget, scored in the same first pass)
-selects = st.one_of(selects, st.tuples(selects, selects).map(Selection))
+# one Select, or a Selection of two parts (each its own budget, scored in the same first pass), with or
+# without a total that caps both (a row count, or a fraction of the prompt)
+totals = st.one_of(st.none(), st.integers(1, 16), st.sampled_from([0.05, 0.1, 0.3]))
+selects = st.one_of(selects, st.builds(Selection, st.tuples(selects, selects), totals))
 
 
 @given(prompts(min_rows=4), st.sampled_from(["ridge", "identity"]), selects)
@@ -44,7 +47,7 @@ def test_selection_keeps_every_row_and_equals_the_one_pass_prefill(prompt, mode,
     assert chosen.numel() <= sel.budget_rows(n)
     assert bool((chosen < n - tail).all()) and torch.equal(chosen, torch.unique(chosen))
     first = as_selection(sel).parts[0]  # the first part chooses first: its sink rows are exact
-    assert set(range(min(first.sink, n - tail, first.budget_rows(n)))) <= set(chosen.tolist())
+    assert set(range(min(first.sink, n - tail, first.budget_rows(n), sel.budget_rows(n)))) <= set(chosen.tolist())
     one = prefill(model, ids, maps, tail=tail, exact_rows=chosen.tolist(), mode=mode, split=split, logits="exact")
     torch.testing.assert_close(res.logits, one.logits, rtol=0, atol=1e-5)
     for layer in range(CONFIGS[index][1]):

@@ -276,6 +276,40 @@ def test_selection_parts_choose_in_order_within_their_own_budgets(llama, ids, ma
     assert Selection((wide, narrow)).queries == 9 and Selection((wide, narrow)).rounds == 1
 
 
+def test_selection_total_caps_the_parts_together(llama, ids, maps):
+    """With a total the parts choose in order, each within its own budget and what the parts before it
+    left: the second part takes the rest of the total; a total below the first part's budget leaves the
+    second part nothing. The result is still the one-pass fill with the chosen rows exact."""
+    wide = Select(budget=7, before=1, after=3)
+    narrow = Select(budget=30, queries=8, heads="sum", before=0, after=1, contrast=0)
+    alone = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=wide).selected
+    capped = Selection((wide, narrow), total=11)
+    res = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=capped, logits="exact")
+    assert set(alone.tolist()) < set(res.selected.tolist()) and res.selected.numel() == 11  # 7, then 4 of 30
+    assert capped.budget_rows(96) == 11 and Selection((wide, narrow), total=0.5).budget_rows(96) == 37
+    one = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, exact_rows=res.selected.tolist(), logits="exact")
+    assert_same_prefill(res, one, llama.config.num_hidden_layers)
+    first_only = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=Selection((wide, narrow), total=5)).selected
+    assert first_only.numel() == 5 and set(first_only.tolist()) <= set(alone.tolist())
+    fraction = Selection((wide, narrow), total=0.1)  # 9 of 96 rows
+    assert prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=fraction).selected.numel() == 9
+
+
+def test_selection_total_parse_and_errors():
+    sel = Select.parse("prompt,budget=35+on+total=0.05")
+    assert sel == Selection((Select(budget=35, by="leverage", before=14, after=2, contrast=0), Select()), total=0.05)
+    assert str(sel) == "budget=35,before=14,after=2,contrast=0,by=leverage+on+total=0.05"
+    assert Select.parse(str(sel)) == sel and sel.budget_rows(1000) == 50 and sel.budget_rows(980) == 49
+    assert Select.parse("on+total=40").budget_rows(10_000) == 40  # a row count caps a larger part budget
+    for bad, match in (("total=0.05", "caps the parts"), ("on+total=0.05+on", "must be the last"),
+                       ("on+total=x", "not a number"), ("on+total=2.5", "whole row count"),
+                       ("on+total=0", "must be > 0"), ("on+totals=3", "must be 'total=F'")):
+        with pytest.raises(InputError, match=match):
+            Select.parse(bad)
+    with pytest.raises(InputError, match="total must be"):
+        Selection((Select(),), total=True)
+
+
 def test_selection_parse_and_errors():
     sel = Select.parse("budget=0.025+budget=0.025,queries=256,before=0,after=3,contrast=0")
     assert sel == Selection((Select(budget=0.025), Select(budget=0.025, queries=256, before=0, after=3, contrast=0)))

@@ -43,7 +43,9 @@ SELECT_HELP = ("row selection: 'on' (the default, query-aware: two passes), 'pro
                "chosen from the prompt alone by leverage), 'off', or key=value pairs such as "
                "'budget=0.05,before=2,after=16,queries=1,heads=induction,top_heads=8,rounds=1,sink=1,contrast=128,"
                "reference=0,floor=1' (the default's values; budget: a share of the prompt < 1, or rows); parts joined "
-               "by '+' each choose within their own budget, e.g. 'budget=0.02,reference=63+budget=0.03,queries=256,before=0,after=3,contrast=0' (needles and key tokens)")
+               "by '+' each choose within their own budget, e.g. 'budget=0.02,reference=63+budget=0.03,queries=256,before=0,after=3,contrast=0' (needles and key tokens); "
+               "a last part 'total=F' caps the parts together, each taking what the ones before it left, e.g. "
+               "'prompt,budget=35+on+total=0.05' (35 rows by leverage, the rest of 5 %% of the prompt by attention)")
 
 
 CALIB_SET_HELP = ("the shipped calibration text: 'mix' (the default: the four calibration novels, The Debian "

@@ -159,8 +159,9 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             attention (``by="attention"``: two passes; fill modes other than ``"none"``), or from the
             prompt alone (``by="leverage"``: one pass, any fill mode; ``maps`` with a calibration
             covariance must be given, also for ``"identity"`` and ``"none"``); or a :class:`Selection`
-            of several such parts, each with its own budget (leverage parts first, then the attention
-            parts, all scored in the same first pass). ``None``: no selection.
+            of several such parts, each with its own budget and within the selection's ``total`` when it
+            has one (leverage parts first, then the attention parts, all scored in the same first pass).
+            ``None``: no selection.
 
     Returns:
         :class:`PrefillResult`; with ``select`` its ``selected`` holds the chosen rows (also in
@@ -252,11 +253,15 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     parts = selection.parts if selection is not None else ()
     taken = [torch.zeros(0, dtype=torch.long, device=device) for _ in parts]  # rows each part chose
 
+    total = selection.budget_rows(n) if selection is not None else 0
+
     def choose(part: int, scores: Tensor, budget: int) -> None:
+        """Part ``part`` chooses up to ``budget`` rows in all, within what the parts left of the total."""
         nonlocal ex
         filled = torch.ones(n, dtype=torch.bool, device=device)
         filled[ex] = False
-        new = choose_rows(scores, filled, parts[part], budget - taken[part].numel())
+        left = total - sum(t.numel() for t in taken)
+        new = choose_rows(scores, filled, parts[part], min(budget - taken[part].numel(), left))
         taken[part] = torch.cat([taken[part], new])
         ex = torch.unique(torch.cat([ex, new]))
 

@@ -24,6 +24,11 @@ from torch import Tensor
 from .errors import InputError
 
 
+def _spec_text(v) -> str:
+    """A spec value, exact and never with a '+' (the parts' separator): whole floats as ints."""
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else repr(v) if isinstance(v, float) else str(v)
+
+
 @dataclass(frozen=True)
 class Select:
     """Query-aware choice of extra exact rows: a two-pass fill (issue "filled-region retrieval").
@@ -127,10 +132,7 @@ class Select:
     def __str__(self) -> str:
         """The ``--select`` spec of this part (:meth:`parse` reads it back): ``"on"`` for the defaults,
         else the ``key=value`` pairs that differ from them, e.g. ``"budget=0.025,after=12"``."""
-        def text(v):  # exact, and never with a '+' (the parts' separator): whole floats as ints
-            return str(int(v)) if isinstance(v, float) and v.is_integer() else repr(v) if isinstance(v, float) else str(v)
-
-        pairs = [f"{f}={text(getattr(self, f))}" for f in self.__dataclass_fields__
+        pairs = [f"{f}={_spec_text(getattr(self, f))}" for f in self.__dataclass_fields__
                  if getattr(self, f) != getattr(DEFAULT_SELECT, f)]
         return ",".join(pairs) or "on"
 
@@ -151,12 +153,29 @@ class Select:
             return None
         if spec in ("on", "default"):
             return DEFAULT_SELECT
+        if spec.startswith("total"):
+            raise InputError(f"select {spec!r}: 'total=F' caps the parts before it; join it last, e.g. "
+                             "'prompt,budget=35+on+total=0.05'")
         if "+" in spec:
             parts = [part.strip() for part in spec.split("+")]
             if not all(parts):
                 raise InputError(f"select {spec!r} has an empty part: join non-empty parts with '+', e.g. "
                                  "'budget=0.02,reference=63+budget=0.03,queries=256,before=0,after=3,contrast=0'")
-            return Selection(tuple(cls._parse_part(part) for part in parts))
+            total = None
+            if parts[-1].startswith("total"):
+                key, eq, value = parts.pop().partition("=")
+                if key.strip() != "total" or not eq:
+                    raise InputError(f"select {spec!r}: the last part must be 'total=F' (a fraction of the prompt "
+                                     "< 1, or a row count), e.g. 'prompt,budget=35+on+total=0.05'")
+                try:
+                    total = float(value)
+                except ValueError:
+                    raise InputError(f"select total={value.strip()!r}: not a number") from None
+                if not parts:
+                    raise InputError(f"select {spec!r}: 'total' caps parts; give at least one part before it")
+            if any(p.startswith("total") for p in parts):
+                raise InputError(f"select {spec!r}: 'total=F' must be the last part, e.g. 'prompt,budget=35+on+total=0.05'")
+            return Selection(tuple(cls._parse_part(part) for part in parts), total)
         return cls._parse_part(spec)
 
     @classmethod
@@ -196,19 +215,36 @@ class Selection:
     (names, terms it refers back to) need many narrow windows found by every tail row's attention
     (docs/evaluate.md, "Row selection"); a :class:`Selection` holds both.
 
+    Attributes:
+        parts: the :class:`Select` parts, in the order they choose within each kind (leverage, then
+            attention).
+        total: ``None`` (the budget is the sum of the parts'), or a cap on all parts together: a fraction
+            of the prompt when ``< 1``, else a row count (spec: a last part ``total=F``). Each part
+            chooses within its own budget and within what the parts before it left of the total, so with
+            ``"prompt,budget=35+on+total=0.05"`` the leverage part takes 35 rows and the attention part
+            the rest of 5 % of the prompt, whatever its length.
+
     Raises:
-        InputError: no parts, or a part that is not a :class:`Select`.
+        InputError: no parts, a part that is not a :class:`Select`, or a total that is not > 0 (or not
+        whole when ≥ 1).
     """
 
     parts: tuple[Select, ...]
+    total: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.parts, tuple) or not self.parts or not all(isinstance(p, Select) for p in self.parts):
             raise InputError(f"a Selection needs a non-empty tuple of Select parts; got {self.parts!r}")
+        t = self.total
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")
+                              or (t >= 1 and t != int(t))):
+            raise InputError(f"select total must be > 0: a fraction of the prompt < 1, or a whole row count; got {t!r}")
 
     def budget_rows(self, num_rows: int) -> int:
-        """The total budget in rows for a prompt of ``num_rows`` rows (the sum of the parts')."""
-        return sum(p.budget_rows(num_rows) for p in self.parts)
+        """The total budget in rows for a prompt of ``num_rows`` rows: the sum of the parts', capped by
+        :attr:`total` when it is set."""
+        rows = sum(p.budget_rows(num_rows) for p in self.parts)
+        return rows if self.total is None else min(rows, Select(budget=self.total).budget_rows(num_rows))
 
     @property
     def rounds(self) -> int:
@@ -233,8 +269,10 @@ class Selection:
         return sum(min(p.queries + p.reference, cap) for p in self.parts if p.by == "attention")
 
     def __str__(self) -> str:
-        """The ``--select`` spec: the parts' specs joined by ``+`` (:meth:`Select.parse` reads it back)."""
-        return "+".join(str(p) for p in self.parts)
+        """The ``--select`` spec: the parts' specs joined by ``+``, then ``+total=F`` when a total is set
+        (:meth:`Select.parse` reads it back)."""
+        total = [] if self.total is None else [f"total={_spec_text(self.total)}"]
+        return "+".join([str(p) for p in self.parts] + total)
 
 
 def uses_leverage(select: "Select | Selection | None") -> bool:
