@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tau", type=float, default=1.0)
     ap.add_argument("--resamples", type=int, default=10000)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--select", action="store_true", help="also score the ridge fill with the default query-aware "
+    ap.add_argument("--select", action="store_true", help="also score the ridge fill with the default "
                     "row selection (ridge+sel@NAME)")
     ap.add_argument("--reference", default="ridge@novels", help="fill the paired differences are taken against "
                     "(all exact-row tokens and key tokens; default ridge@novels, maps fitted on the novels)")

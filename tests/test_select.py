@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache
 
 from ridgefill import InputError, MapsFormatError, prefill
-from ridgefill.select import Select, Selection, as_selection, choose_rows, local_contrast
+from ridgefill.select import DEFAULT_SELECT, Select, Selection, as_selection, choose_rows, local_contrast
 from conftest import oracle_maps, reference, tiny_llama
 from test_gemma3 import tiny_gemma3
 
@@ -181,7 +181,7 @@ def test_local_contrast_ranks_a_far_spike_above_nearby_text():
 
 def test_select_parse_and_errors():
     assert Select.parse("off") is None
-    assert Select.parse("on") == Select()
+    assert Select.parse("on") == DEFAULT_SELECT and Select.parse("attention") == Select()
     assert Select.parse("budget=64,after=8,heads=max,rounds=2") == Select(budget=64, after=8, heads="max", rounds=2)
     assert Select.parse("contrast=0").contrast == 0 and Select().contrast == 128
     assert Select(budget=0.025).budget_rows(2048) == 51
@@ -263,6 +263,21 @@ def test_leverage_selection_is_one_pass_with_the_chosen_rows(llama, ids, maps):
         prefill(llama, ids, None, tail=3, mode="identity", split=maps.split, select=sel)
 
 
+def test_default_selection_names_the_fix_for_maps_without_the_covariance(llama, ids, maps):
+    """The default's leverage part needs ``mean_h``/``cov_h``; K/V maps do not store them: the error says
+    so and names the attention-only selection."""
+    import dataclasses
+
+    from ridgefill.select import check_leverage_stats
+
+    kv_maps = dataclasses.replace(maps, meta={**maps.meta, "kind": "kv"}, mean_h=None, cov_h=None)
+    with pytest.raises(InputError, match=r"K/V maps do not store them.*--select attention"):
+        check_leverage_stats(DEFAULT_SELECT, kv_maps)
+    with pytest.raises(InputError, match=r"these maps have none.*--select attention"):
+        prefill(llama, ids, dataclasses.replace(maps, cov_h=None), tail=8, mode="ridge", split=S, select=DEFAULT_SELECT)
+    check_leverage_stats(Select(), kv_maps)  # an attention-only selection needs neither
+
+
 def test_selection_parts_choose_in_order_within_their_own_budgets(llama, ids, maps):
     wide = Select(budget=7, before=1, after=3)
     narrow = Select(budget=5, queries=8, heads="sum", before=0, after=1, contrast=0)
@@ -296,14 +311,15 @@ def test_selection_total_caps_the_parts_together(llama, ids, maps):
 
 
 def test_selection_total_parse_and_errors():
-    sel = Select.parse("prompt,budget=35+on+total=0.05")
+    sel = Select.parse("prompt,budget=35+attention+total=0.05")
     assert sel == Selection((Select(budget=35, by="leverage", before=14, after=2, contrast=0), Select()), total=0.05)
-    assert str(sel) == "budget=35,before=14,after=2,contrast=0,by=leverage+on+total=0.05"
+    assert sel == DEFAULT_SELECT and str(sel) == "prompt,budget=35+attention+total=0.05"
     assert Select.parse(str(sel)) == sel and sel.budget_rows(1000) == 50 and sel.budget_rows(980) == 49
-    assert Select.parse("on+total=40").budget_rows(10_000) == 40  # a row count caps a larger part budget
-    for bad, match in (("total=0.05", "caps the parts"), ("on+total=0.05+on", "must be the last"),
-                       ("on+total=x", "not a number"), ("on+total=2.5", "whole row count"),
-                       ("on+total=0", "must be > 0"), ("on+totals=3", "must be 'total=F'")):
+    assert Select.parse("attention+total=40").budget_rows(10_000) == 40  # a row count caps a larger part budget
+    for bad, match in (("total=0.05", "caps the parts"), ("attention+total=0.05+attention", "must be the last"),
+                       ("attention+total=x", "not a number"), ("attention+total=2.5", "whole row count"),
+                       ("attention+total=0", "must be > 0"), ("attention+totals=3", "must be 'total=F'"),
+                       ("prompt+on", "in a part joined by"), ("on+total=0.05", "in a part joined by")):
         with pytest.raises(InputError, match=match):
             Select.parse(bad)
     with pytest.raises(InputError, match="total must be"):
@@ -315,13 +331,14 @@ def test_selection_parse_and_errors():
     assert sel == Selection((Select(budget=0.025), Select(budget=0.025, queries=256, before=0, after=3, contrast=0)))
     assert sel.budget_rows(2048) == 51 + 51
     assert str(sel) == "budget=0.025+budget=0.025,before=0,after=3,queries=256,contrast=0"
-    for spec in ("on", "prompt", "prompt,budget=5+on", "budget=40,heads=sum,rounds=2", "budget=0.0125,by=leverage",
+    for spec in ("on", "attention", "prompt", "prompt,budget=5+attention", "attention,budget=9+prompt,after=3", "budget=40,heads=sum,rounds=2", "budget=0.0125,by=leverage",
                  "reference=63,floor=0.25", "budget=0.0123456789", "budget=1234567", "floor=0.3333333333333333",
                  "budget=1e-05,floor=1e-06"):
         parsed = Select.parse(spec)
         assert Select.parse(str(parsed)) == parsed, spec  # str is a reusable --select spec
-    assert str(Select()) == "on" and str(Select.parse("prompt")) == "before=14,after=2,contrast=0,by=leverage"
-    assert Select.parse("prompt+on") == Selection((Select(by="leverage", before=14, after=2, contrast=0), Select()))
+    assert str(Select()) == "attention" and str(Select.parse("prompt")) == "prompt"
+    assert str(Select(by="leverage")) == "prompt,before=2,after=16,contrast=128"  # pairs that differ from the preset
+    assert Select.parse("prompt+attention") == Selection((Select(by="leverage", before=14, after=2, contrast=0), Select()))
     with pytest.raises(InputError, match="Select parts"):
         Selection(())
     with pytest.raises(InputError, match="not key=value"):

@@ -197,7 +197,7 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
         tail: exact rows ``T``, ``1 ≤ T ≤ N`` (the last ``T`` rows).
         maps: count the maps (``False``: the identity fill, which has none).
         bytes_per_value: bytes per weight/map/cache value.
-        selected: positions of the rows a query-aware selection made exact (``prefill(...,
+        selected: positions of the rows a row selection made exact (``prefill(...,
             select=...)``, :attr:`ridgefill.fill.PrefillResult.selected`), all ``< N − T``. Selection
             runs the late layers ``rounds + 1`` times: pass 1 for the ``T`` tail rows (plus, per round, one
             attention row per query row for the scores, counted as one more attention row), then each

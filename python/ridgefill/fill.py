@@ -41,7 +41,8 @@ from .adapters import adapter_for
 from .adapters.base import record_sliding_windows, trim_sliding_windows, write_rows
 from .errors import InputError, NonFiniteError
 from .maps import RidgeMaps
-from .select import AttentionScores, Select, Selection, as_selection, choose_rows, leverage_scores, uses_leverage
+from .select import (AttentionScores, Select, Selection, as_selection, check_leverage_stats, choose_rows,
+                     leverage_scores, uses_leverage)
 from .validate import binds_prompt, check_choice, check_int, check_rows, prompt_digest
 
 Mode = Literal["ridge", "centred", "identity", "none", "exact"]
@@ -266,10 +267,7 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         ex = torch.unique(torch.cat([ex, new]))
 
     if uses_leverage(select):  # query-agnostic parts: chosen from h_S, before the late layers
-        if maps is None or maps.mean_h is None or maps.cov_h is None:
-            raise InputError("select by='leverage' needs maps with the calibration mean and covariance of h_S "
-                             "(RidgeMaps.mean_h, cov_h): pass maps fitted by this version of `ridgefill calibrate` "
-                             "(or loaded with their statistics file)")
+        check_leverage_stats(select, maps)
         maps.check_model(model, split)
         leverage = leverage_scores(x, maps.mean_h, maps.cov_h)  # once, whatever the number of such parts
         for i, part in enumerate(parts):

@@ -18,7 +18,7 @@ the last ``tail`` rows are exact. Reported per mode:
   shows it.
 
 Systems: every mode of :data:`ridgefill.fill.MODES`, plus ``ridge+sel``: the ridge fill with the
-default query-aware row selection (:data:`ridgefill.select.DEFAULT_SELECT`), which makes a few more rows
+default row selection (:data:`ridgefill.select.DEFAULT_SELECT`: 35 rows by leverage, then the question's attention), which makes a few more rows
 exact (reported as ``extra rows``, a share of the prompt).
 """
 
@@ -41,7 +41,7 @@ from .calibrate import special_prefix
 from .errors import InputError, MapsFormatError, MapsMismatchError
 from .fileio import write_json
 from .fill import MODES, generate_after, prefill
-from .select import DEFAULT_SELECT, Select
+from .select import DEFAULT_SELECT, Select, Selection, check_leverage_stats
 from .maps import RidgeMaps, attach_stats, load_maps
 from .overlap import calibration_label, check_disjoint, maps_fingerprint
 from .usertext import read_text_files
@@ -66,7 +66,7 @@ class RunConfig:
     threads: int | None = None
     seed: int = 0
     modes: tuple[str, ...] = MODES
-    select: Select | None = DEFAULT_SELECT
+    select: Select | Selection | None = DEFAULT_SELECT
     needle_trials: int = 4
     needle_tail: int = 64
     texts: tuple[str, ...] = ()  # evaluation text files (--text); empty: the bundled evaluation novels
@@ -80,7 +80,7 @@ class RunConfig:
 
         return self.calib_set or DEFAULT_CALIBRATION_SET
 
-    def systems(self) -> list[tuple[str, str, Select | None]]:
+    def systems(self) -> list[tuple[str, str, Select | Selection | None]]:
         """``(name, mode, select)`` of every system the job compares: the modes, then ``ridge+sel``."""
         out = [(m, m, None) for m in self.modes]
         if self.select is not None:
@@ -298,6 +298,7 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
     t0 = time.perf_counter()
     maps, maps_path, fresh = get_maps(model, tok, model_name, cfg, progress)
     calib_s = time.perf_counter() - t0
+    check_leverage_stats(cfg.select, maps)  # before any evaluation, not at the ridge+sel system
     check_evaluation_text(maps, tok, docs, labels, eval_texts if cfg.needle_trials else {},
                           user_text=bool(cfg.texts))
     systems = cfg.systems()

@@ -6,7 +6,10 @@ question's attention. A few exact rows are enough if they are the right ones. :f
 runs a first pass (the plain fill), scores every filled row by the attention the last exact rows pay it
 in the late layers (optionally relative to the attention the exact rows before them pay it;
 :class:`AttentionScores`), makes the best rows exact (:func:`choose_rows`, a budget
-with widening around each row) and reruns only the late layers of the exact rows.
+with widening around each row) and reruns only the late layers of the exact rows. A query-agnostic part
+(``by="leverage"``) chooses rows from the prompt alone, before the late layers. The default
+(:data:`DEFAULT_SELECT`, ``--select on``) is a :class:`Selection` of both: 35 rows by leverage, then the
+attention rule for the rest of 5 % of the prompt.
 
 Given the chosen rows, the result is the one-pass fill with those rows as ``exact_rows`` (tests and
 crossval check it); the choice itself depends on the whole prompt, so which rows are exact is not
@@ -22,6 +25,10 @@ import torch
 from torch import Tensor
 
 from .errors import InputError
+
+
+#: The query-agnostic part's preset (``"prompt"`` in a spec; docs/evaluate.md, "Fifth session").
+PROMPT_PRESET = {"by": "leverage", "before": 14, "after": 2, "contrast": 0}
 
 
 def _spec_text(v) -> str:
@@ -85,8 +92,9 @@ class Select:
             ``top_heads`` and ``rounds`` are not used. ``Select.parse("prompt")``
             (``by="leverage", before=14, after=2, contrast=0``) is the choice measured on SmolLM2: a row
             of high leverage is the end of an unusual span, such as a needle's last digits, so the window
-            reaches back over the value and its key (docs/evaluate.md, "Fifth session"). On Gemma 3 it
-            answered 4 of 8 needles at 8K where the default answers 8 (docs/evaluate.md, "Sixth session").
+            reaches back over the value and its key (docs/evaluate.md, "Fifth session"). Alone, on Gemma 3
+            it answered 4 of 8 needles at 8K where the attention rule answers 8 (docs/evaluate.md, "Sixth
+            session"); the default takes its first 35 rows this way, then attention (:data:`DEFAULT_SELECT`).
     """
 
     budget: float = 0.05
@@ -130,23 +138,30 @@ class Select:
         return int(self.budget * num_rows) if self.budget < 1 else int(self.budget)
 
     def __str__(self) -> str:
-        """The ``--select`` spec of this part (:meth:`parse` reads it back): ``"on"`` for the defaults,
-        else the ``key=value`` pairs that differ from them, e.g. ``"budget=0.025,after=12"``."""
+        """The ``--select`` spec of this part (:meth:`parse` reads it back): the ``key=value`` pairs that
+        differ from the :class:`Select` defaults (``"attention"`` when none do), e.g.
+        ``"budget=0.025,after=12"``; a query-agnostic part as ``"prompt"`` and the pairs that differ from
+        that preset, e.g. ``"prompt,budget=35"``."""
+        leverage = self.by == "leverage"
+        base = Select(**PROMPT_PRESET) if leverage else Select()
         pairs = [f"{f}={_spec_text(getattr(self, f))}" for f in self.__dataclass_fields__
-                 if getattr(self, f) != getattr(DEFAULT_SELECT, f)]
-        return ",".join(pairs) or "on"
+                 if getattr(self, f) != getattr(base, f)]
+        return ",".join((["prompt"] if leverage else []) + pairs) or "attention"
 
     @classmethod
     def parse(cls, spec: str) -> "Select | Selection | None":
-        """``"off"`` → ``None``; else ``key=value`` pairs separated by commas, e.g.
-        ``"budget=0.025,before=2,after=12,queries=1,heads=sum,rounds=1,contrast=0"`` (missing keys: the
-        :class:`Select` defaults); ``"on"`` for :data:`DEFAULT_SELECT`; ``"prompt"`` for the query-agnostic
-        choice (``by=leverage,before=14,after=2,contrast=0``), to which further pairs may be added after a
-        comma. Parts joined by ``+`` make a :class:`Selection` (each part its own budget and scoring), e.g.
-        ``"budget=0.02,reference=63+budget=0.03,queries=256,before=0,after=3,contrast=0"``.
+        """``"off"`` → ``None``; ``"on"`` → :data:`DEFAULT_SELECT`; else ``key=value`` pairs separated by
+        commas, e.g. ``"budget=0.025,before=2,after=12,queries=1,heads=sum,rounds=1,contrast=0"`` (missing
+        keys: the :class:`Select` defaults, the query-aware rule, also written ``"attention"``);
+        ``"prompt"`` for the query-agnostic preset (``by=leverage,before=14,after=2,contrast=0``). Pairs
+        may follow either preset after a comma (``"prompt,budget=35"``). Parts joined by ``+`` make a
+        :class:`Selection` (each part its own budget and scoring), e.g.
+        ``"budget=0.02,reference=63+budget=0.03,queries=256,before=0,after=3,contrast=0"``, and a last
+        part ``total=F`` caps them together: ``"prompt,budget=35+attention+total=0.05"`` is the default.
 
         Raises:
-            InputError: an unknown key or a value of the wrong type.
+            InputError: an unknown key or a value of the wrong type; ``"on"`` or ``"off"`` as one of
+            several parts.
         """
         spec = spec.strip()
         if spec in ("off", "none", ""):
@@ -155,7 +170,7 @@ class Select:
             return DEFAULT_SELECT
         if spec.startswith("total"):
             raise InputError(f"select {spec!r}: 'total=F' caps the parts before it; join it last, e.g. "
-                             "'prompt,budget=35+on+total=0.05'")
+                             "'prompt,budget=35+attention+total=0.05'")
         if "+" in spec:
             parts = [part.strip() for part in spec.split("+")]
             if not all(parts):
@@ -166,7 +181,7 @@ class Select:
                 key, eq, value = parts.pop().partition("=")
                 if key.strip() != "total" or not eq:
                     raise InputError(f"select {spec!r}: the last part must be 'total=F' (a fraction of the prompt "
-                                     "< 1, or a row count), e.g. 'prompt,budget=35+on+total=0.05'")
+                                     "< 1, or a row count), e.g. 'prompt,budget=35+attention+total=0.05'")
                 try:
                     total = float(value)
                 except ValueError:
@@ -174,7 +189,7 @@ class Select:
                 if not parts:
                     raise InputError(f"select {spec!r}: 'total' caps parts; give at least one part before it")
             if any(p.startswith("total") for p in parts):
-                raise InputError(f"select {spec!r}: 'total=F' must be the last part, e.g. 'prompt,budget=35+on+total=0.05'")
+                raise InputError(f"select {spec!r}: 'total=F' must be the last part, e.g. 'prompt,budget=35+attention+total=0.05'")
             return Selection(tuple(cls._parse_part(part) for part in parts), total)
         return cls._parse_part(spec)
 
@@ -182,12 +197,15 @@ class Select:
     def _parse_part(cls, spec: str) -> "Select":
         spec = spec.strip()
         if spec in ("on", "default"):
-            return cls()
+            raise InputError(f"select part {spec!r}: 'on' is the whole default selection "
+                             f"({DEFAULT_SELECT}); in a part joined by '+' write 'attention' for the query-aware "
+                             "rule's defaults or 'prompt' for the query-agnostic preset")
         if spec in ("off", "none"):
             raise InputError(f"select part {spec!r}: 'off' cannot be joined with other parts; leave the part out")
         kwargs: dict = {}
-        if spec.split(",")[0].strip() == "prompt":
-            kwargs = {"by": "leverage", "before": 14, "after": 2, "contrast": 0}
+        preset = spec.split(",")[0].strip()
+        if preset in ("prompt", "attention"):
+            kwargs = dict(PROMPT_PRESET) if preset == "prompt" else {}
             spec = spec.partition(",")[2]
         for part in filter(None, spec.split(",")):
             key, eq, value = part.partition("=")
@@ -221,8 +239,8 @@ class Selection:
         total: ``None`` (the budget is the sum of the parts'), or a cap on all parts together: a fraction
             of the prompt when ``< 1``, else a row count (spec: a last part ``total=F``). Each part
             chooses within its own budget and within what the parts before it left of the total, so with
-            ``"prompt,budget=35+on+total=0.05"`` the leverage part takes 35 rows and the attention part
-            the rest of 5 % of the prompt, whatever its length.
+            ``"prompt,budget=35+attention+total=0.05"`` (the default) the leverage part takes 35 rows
+            and the attention part the rest of 5 % of the prompt, whatever its length.
 
     Raises:
         InputError: no parts, a part that is not a :class:`Select`, or a total that is not > 0 (or not
@@ -281,6 +299,23 @@ def uses_leverage(select: "Select | Selection | None") -> bool:
     return select is not None and any(p.by == "leverage" for p in as_selection(select).parts)
 
 
+def check_leverage_stats(select: "Select | Selection | None", maps) -> None:
+    """Raise :class:`~ridgefill.errors.InputError` when ``select`` has a query-agnostic part and ``maps``
+    lack the calibration mean and covariance of ``h_S`` (``RidgeMaps.mean_h``, ``cov_h``) that score it.
+
+    Input maps from this version's ``ridgefill calibrate`` store both; K/V maps (``--targets kv``) and
+    maps files without their ``.stats.safetensors`` from before they were stored do not.
+    """
+    if uses_leverage(select) and (maps is None or maps.mean_h is None or maps.cov_h is None):
+        kv = maps is not None and getattr(maps, "kind", "inputs") != "inputs"
+        raise InputError(f"select {select} has a query-agnostic part (by='leverage', the default's first 35 rows), "
+                         "which needs maps with the calibration mean and covariance of h_S (RidgeMaps.mean_h, "
+                         "cov_h); " + ("K/V maps do not store them: " if kv else "these maps have none: ")
+                         + "pass input maps fitted by this version of `ridgefill calibrate` (or with their "
+                         "statistics file beside them), or an attention-only selection ('--select attention', "
+                         "Select())")
+
+
 def needs_maps(mode: str, select: "Select | Selection | None" = None) -> bool:
     """Whether a prefill in fill ``mode`` with ``select`` needs a maps file: modes ``"ridge"`` and
     ``"centred"`` fill from it, and a query-agnostic part scores with its calibration covariance in any
@@ -293,9 +328,11 @@ def as_selection(select: "Select | Selection") -> Selection:
     return select if isinstance(select, Selection) else Selection((select,))
 
 
-#: The selection ``ridgefill run`` and the evaluation commands use by default (chosen from the
-#: measurements in docs/evaluate.md, "Row selection").
-DEFAULT_SELECT = Select()
+#: The selection ``ridgefill run`` and the evaluation commands use by default (``--select on``): 35 rows
+#: by leverage (the query-agnostic preset: row 0 and two windows), then the query-aware rule for the rest
+#: of 5 % of the prompt (``"prompt,budget=35+attention+total=0.05"``), chosen from the measurements in
+#: docs/evaluate.md, "Seventh session" (the attention rule alone, ``"attention"``, was the default before).
+DEFAULT_SELECT = Selection((Select(budget=35, **PROMPT_PRESET), Select()), total=0.05)
 
 
 def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int) -> Tensor:

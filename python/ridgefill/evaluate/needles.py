@@ -234,7 +234,7 @@ def answer_case(model: torch.nn.Module, tokenizer, case: NeedleCase, *, mode: st
     """Prefill ``case`` with ``mode`` (``tail`` exact rows), answer greedily, return the decoded answer.
 
     ``kv_hook`` and ``select`` are passed to :func:`ridgefill.fill.prefill` (splices, key-scale
-    correction; query-aware row selection); ``on_prefill(result)`` is called with the
+    correction; row selection); ``on_prefill(result)`` is called with the
     :class:`ridgefill.fill.PrefillResult` before decoding."""
     device = next(model.parameters()).device
     ids = case.input_ids[None].to(device)
@@ -259,7 +259,7 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
     (:mod:`ridgefill.evaluate.splice`; systems ``"<S>/ridge+<component>"``, exact K/V from the same
     case's exact prefill, so ``"exact"`` must be among the modes). ``key_scales``: ``{S: [late, kv_heads]}``
     fitted key scales (:func:`ridgefill.evaluate.splice.fit_key_scales`): system ``"<S>/ridge+kscale"``.
-    ``selects``: also answer with query-aware row selection (:class:`ridgefill.select.Select`) in each of
+    ``selects``: also answer with row selection (:class:`ridgefill.select.Select` or ``Selection``) in each of
     ``select_modes`` at every split: system ``"<S>/<mode>+sel"`` (one select) or ``"<S>/<mode>+sel<i>"``;
     each result also records the chosen rows' count (``selected``) and the share of the asked needle's
     tokens among them (``needle_hit``).
