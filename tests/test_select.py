@@ -263,19 +263,20 @@ def test_leverage_selection_is_one_pass_with_the_chosen_rows(llama, ids, maps):
         prefill(llama, ids, None, tail=3, mode="identity", split=maps.split, select=sel)
 
 
-def test_default_selection_names_the_fix_for_maps_without_the_covariance(llama, ids, maps):
-    """The default's leverage part needs ``mean_h``/``cov_h``; K/V maps do not store them: the error says
-    so and names the attention-only selection."""
+def test_leverage_part_names_the_fix_for_maps_without_the_covariance(llama, ids, maps):
+    """A leverage part needs ``mean_h``/``cov_h``; K/V maps do not store them: the error says so and names
+    the attention-only selection (the default, which needs neither)."""
     import dataclasses
 
     from ridgefill.select import check_leverage_stats
 
+    two_part = Select.parse("prompt,budget=35+attention+total=0.05")
     kv_maps = dataclasses.replace(maps, meta={**maps.meta, "kind": "kv"}, mean_h=None, cov_h=None)
     with pytest.raises(InputError, match=r"K/V maps do not store them.*--select attention"):
-        check_leverage_stats(DEFAULT_SELECT, kv_maps)
+        check_leverage_stats(two_part, kv_maps)
     with pytest.raises(InputError, match=r"these maps have none.*--select attention"):
-        prefill(llama, ids, dataclasses.replace(maps, cov_h=None), tail=8, mode="ridge", split=S, select=DEFAULT_SELECT)
-    check_leverage_stats(Select(), kv_maps)  # an attention-only selection needs neither
+        prefill(llama, ids, dataclasses.replace(maps, cov_h=None), tail=8, mode="ridge", split=S, select=two_part)
+    check_leverage_stats(DEFAULT_SELECT, kv_maps)
 
 
 def test_selection_parts_choose_in_order_within_their_own_budgets(llama, ids, maps):
@@ -313,13 +314,13 @@ def test_selection_total_caps_the_parts_together(llama, ids, maps):
 def test_selection_total_parse_and_errors():
     sel = Select.parse("prompt,budget=35+attention+total=0.05")
     assert sel == Selection((Select(budget=35, by="leverage", before=14, after=2, contrast=0), Select()), total=0.05)
-    assert sel == DEFAULT_SELECT and str(sel) == "prompt,budget=35+attention+total=0.05"
+    assert str(sel) == "prompt,budget=35+attention+total=0.05"
+    assert Select.parse("prompt,budget=35+on+total=0.05") == sel  # a part 'on' is the default, the attention rule
     assert Select.parse(str(sel)) == sel and sel.budget_rows(1000) == 50 and sel.budget_rows(980) == 49
     assert Select.parse("attention+total=40").budget_rows(10_000) == 40  # a row count caps a larger part budget
     for bad, match in (("total=0.05", "caps the parts"), ("attention+total=0.05+attention", "must be the last"),
                        ("attention+total=x", "not a number"), ("attention+total=2.5", "whole row count"),
-                       ("attention+total=0", "must be > 0"), ("attention+totals=3", "must be 'total=F'"),
-                       ("prompt+on", "in a part joined by"), ("on+total=0.05", "in a part joined by")):
+                       ("attention+total=0", "must be > 0"), ("attention+totals=3", "must be 'total=F'")):
         with pytest.raises(InputError, match=match):
             Select.parse(bad)
     with pytest.raises(InputError, match="total must be"):

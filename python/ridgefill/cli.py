@@ -39,15 +39,14 @@ def parse_select(value: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-SELECT_HELP = ("row selection: 'on' (the default: 35 rows chosen from the prompt alone by leverage, then the "
-               "question's attention for the rest of 5 %% of the prompt, two passes: "
-               "'prompt,budget=35+attention+total=0.05'), 'attention' (query-aware only: the earlier default), "
-               "'prompt' (query-agnostic only: for a prefix whose question is not yet known), 'off', or key=value "
-               "pairs such as 'budget=0.05,before=2,after=16,queries=1,heads=induction,top_heads=8,rounds=1,sink=1,"
-               "contrast=128,reference=0,floor=1' (the values of 'attention'; budget: a share of the prompt < 1, or rows), "
-               "also after a preset ('prompt,budget=35'); parts joined by '+' each choose within their own budget, "
-               "e.g. 'budget=0.02,reference=63+budget=0.03,queries=256,before=0,after=3,contrast=0' (needles and "
-               "key tokens), and a last part 'total=F' caps them together, each taking what the ones before it left")
+SELECT_HELP = ("row selection: 'on' or 'attention' (the default, query-aware: two passes), 'prompt' (query-agnostic: "
+               "rows chosen from the prompt alone by leverage; finds needles only with maps calibrated on text like "
+               "the prompt), 'off', or key=value pairs such as 'budget=0.05,before=2,after=16,queries=1,"
+               "heads=induction,top_heads=8,rounds=1,sink=1,contrast=128,reference=0,floor=1' (the default's values; "
+               "budget: a share of the prompt < 1, or rows), also after a preset ('prompt,budget=35'); parts joined "
+               "by '+' each choose within their own budget, e.g. 'budget=0.02,reference=63+budget=0.03,queries=256,"
+               "before=0,after=3,contrast=0' (needles and key tokens), and a last part 'total=F' caps them together, "
+               "each taking what the ones before it left, e.g. 'prompt,budget=35+attention+total=0.05'")
 
 
 CALIB_SET_HELP = ("the shipped calibration text: 'mix' (the default: the four calibration novels, The Debian "

@@ -6,10 +6,9 @@ question's attention. A few exact rows are enough if they are the right ones. :f
 runs a first pass (the plain fill), scores every filled row by the attention the last exact rows pay it
 in the late layers (optionally relative to the attention the exact rows before them pay it;
 :class:`AttentionScores`), makes the best rows exact (:func:`choose_rows`, a budget
-with widening around each row) and reruns only the late layers of the exact rows. A query-agnostic part
-(``by="leverage"``) chooses rows from the prompt alone, before the late layers. The default
-(:data:`DEFAULT_SELECT`, ``--select on``) is a :class:`Selection` of both: 35 rows by leverage, then the
-attention rule for the rest of 5 % of the prompt.
+with widening around each row) and reruns only the late layers of the exact rows: the default
+(:data:`DEFAULT_SELECT`, ``--select on`` or ``attention``). A query-agnostic part (``by="leverage"``)
+chooses rows from the prompt alone, before the late layers.
 
 Given the chosen rows, the result is the one-pass fill with those rows as ``exact_rows`` (tests and
 crossval check it); the choice itself depends on the whole prompt, so which rows are exact is not
@@ -92,9 +91,12 @@ class Select:
             ``top_heads`` and ``rounds`` are not used. ``Select.parse("prompt")``
             (``by="leverage", before=14, after=2, contrast=0``) is the choice measured on SmolLM2: a row
             of high leverage is the end of an unusual span, such as a needle's last digits, so the window
-            reaches back over the value and its key (docs/evaluate.md, "Fifth session"). Alone, on Gemma 3
-            it answered 4 of 8 needles at 8K where the attention rule answers 8 (docs/evaluate.md, "Sixth
-            session"); the default takes its first 35 rows this way, then attention (:data:`DEFAULT_SELECT`).
+            reaches back over the value and its key (docs/evaluate.md, "Fifth session"). It finds rows that
+            are rare *for the calibration text*: with maps calibrated on novels it finds needles in a
+            novel haystack; with maps calibrated on the default mix (which holds code, full of numbers
+            and identifiers) it found none of 16 needle values within 35 rows at 1K and 2K tokens, and
+            on Gemma 3 with novels maps it answered 4 of 8 at 8K where the attention rule answers 8
+            (docs/evaluate.md, "Sixth session", "Seventh session").
     """
 
     budget: float = 0.05
@@ -150,23 +152,23 @@ class Select:
 
     @classmethod
     def parse(cls, spec: str) -> "Select | Selection | None":
-        """``"off"`` → ``None``; ``"on"`` → :data:`DEFAULT_SELECT`; else ``key=value`` pairs separated by
-        commas, e.g. ``"budget=0.025,before=2,after=12,queries=1,heads=sum,rounds=1,contrast=0"`` (missing
-        keys: the :class:`Select` defaults, the query-aware rule, also written ``"attention"``);
+        """``"off"`` → ``None``; ``"on"`` or ``"attention"`` → :data:`DEFAULT_SELECT` (the query-aware rule,
+        ``Select()``); else ``key=value`` pairs separated by commas, e.g.
+        ``"budget=0.025,before=2,after=12,queries=1,heads=sum,rounds=1,contrast=0"`` (missing keys: the
+        :class:`Select` defaults);
         ``"prompt"`` for the query-agnostic preset (``by=leverage,before=14,after=2,contrast=0``). Pairs
         may follow either preset after a comma (``"prompt,budget=35"``). Parts joined by ``+`` make a
         :class:`Selection` (each part its own budget and scoring), e.g.
         ``"budget=0.02,reference=63+budget=0.03,queries=256,before=0,after=3,contrast=0"``, and a last
-        part ``total=F`` caps them together: ``"prompt,budget=35+attention+total=0.05"`` is the default.
+        part ``total=F`` caps them together, e.g. ``"prompt,budget=35+attention+total=0.05"``.
 
         Raises:
-            InputError: an unknown key or a value of the wrong type; ``"on"`` or ``"off"`` as one of
-            several parts.
+            InputError: an unknown key or a value of the wrong type; ``"off"`` as one of several parts.
         """
         spec = spec.strip()
         if spec in ("off", "none", ""):
             return None
-        if spec in ("on", "default"):
+        if spec in ("on", "default", "attention"):
             return DEFAULT_SELECT
         if spec.startswith("total"):
             raise InputError(f"select {spec!r}: 'total=F' caps the parts before it; join it last, e.g. "
@@ -197,9 +199,7 @@ class Select:
     def _parse_part(cls, spec: str) -> "Select":
         spec = spec.strip()
         if spec in ("on", "default"):
-            raise InputError(f"select part {spec!r}: 'on' is the whole default selection "
-                             f"({DEFAULT_SELECT}); in a part joined by '+' write 'attention' for the query-aware "
-                             "rule's defaults or 'prompt' for the query-agnostic preset")
+            return cls()
         if spec in ("off", "none"):
             raise InputError(f"select part {spec!r}: 'off' cannot be joined with other parts; leave the part out")
         kwargs: dict = {}
@@ -239,8 +239,8 @@ class Selection:
         total: ``None`` (the budget is the sum of the parts'), or a cap on all parts together: a fraction
             of the prompt when ``< 1``, else a row count (spec: a last part ``total=F``). Each part
             chooses within its own budget and within what the parts before it left of the total, so with
-            ``"prompt,budget=35+attention+total=0.05"`` (the default) the leverage part takes 35 rows
-            and the attention part the rest of 5 % of the prompt, whatever its length.
+            ``"prompt,budget=35+attention+total=0.05"`` the leverage part takes 35 rows and the
+            attention part the rest of 5 % of the prompt, whatever its length.
 
     Raises:
         InputError: no parts, a part that is not a :class:`Select`, or a total that is not > 0 (or not
@@ -308,7 +308,7 @@ def check_leverage_stats(select: "Select | Selection | None", maps) -> None:
     """
     if uses_leverage(select) and (maps is None or maps.mean_h is None or maps.cov_h is None):
         kv = maps is not None and getattr(maps, "kind", "inputs") != "inputs"
-        raise InputError(f"select {select} has a query-agnostic part (by='leverage', the default's first 35 rows), "
+        raise InputError(f"select {select} has a query-agnostic part (by='leverage'), "
                          "which needs maps with the calibration mean and covariance of h_S (RidgeMaps.mean_h, "
                          "cov_h); " + ("K/V maps do not store them: " if kv else "these maps have none: ")
                          + "pass input maps fitted by this version of `ridgefill calibrate` (or with their "
@@ -328,11 +328,11 @@ def as_selection(select: "Select | Selection") -> Selection:
     return select if isinstance(select, Selection) else Selection((select,))
 
 
-#: The selection ``ridgefill run`` and the evaluation commands use by default (``--select on``): 35 rows
-#: by leverage (the query-agnostic preset: row 0 and two windows), then the query-aware rule for the rest
-#: of 5 % of the prompt (``"prompt,budget=35+attention+total=0.05"``), chosen from the measurements in
-#: docs/evaluate.md, "Seventh session" (the attention rule alone, ``"attention"``, was the default before).
-DEFAULT_SELECT = Selection((Select(budget=35, **PROMPT_PRESET), Select()), total=0.05)
+#: The selection ``ridgefill run`` and the evaluation commands use by default (``--select on``, also
+#: ``attention``): the query-aware rule, chosen from the measurements in docs/evaluate.md, "Row
+#: selection". 35 leverage rows before it answered more needles with novels-calibrated maps but fewer with
+#: the default mix maps ("Seventh session"), so it is not the default.
+DEFAULT_SELECT = Select()
 
 
 def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int) -> Tensor:
