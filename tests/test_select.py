@@ -311,6 +311,17 @@ def test_selection_total_caps_the_parts_together(llama, ids, maps):
     assert prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=fraction).selected.numel() == 9
 
 
+def test_selection_total_keeps_an_earlier_part_s_later_rounds(llama, ids, maps):
+    """With a total, an attention part listed first keeps the budget of its later rounds: a later part
+    does not take it in round 0 (here part 0's round-0 share is 0 rows, its round-1 share row 0, the sink,
+    and the total of 1 row is its)."""
+    sel = Selection((Select(budget=1, rounds=2, sink=1), Select(budget=5, sink=0)), total=1)
+    res = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=sel)
+    assert res.selected.tolist() == [0]
+    both = Selection((Select(budget=10, rounds=2, before=0, after=0, sink=0), Select(budget=10, before=0, after=0)), total=12)
+    assert prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=both).selected.numel() == 12
+
+
 def test_selection_total_parse_and_errors():
     sel = Select.parse("prompt,budget=35+attention+total=0.05")
     assert sel == Selection((Select(budget=35, by="leverage", before=14, after=2, contrast=0), Select()), total=0.05)
@@ -320,7 +331,7 @@ def test_selection_total_parse_and_errors():
     assert Select.parse("attention+total=40").budget_rows(10_000) == 40  # a row count caps a larger part budget
     for bad, match in (("total=0.05", "caps the parts"), ("attention+total=0.05+attention", "must be the last"),
                        ("attention+total=x", "not a number"), ("attention+total=2.5", "whole row count"),
-                       ("attention+total=0", "must be > 0"), ("attention+totals=3", "must be 'total=F'")):
+                       ("attention+total=0", "fraction of the prompt in"), ("attention+totals=3", "must be 'total=F'")):
         with pytest.raises(InputError, match=match):
             Select.parse(bad)
     with pytest.raises(InputError, match="total must be"):

@@ -29,7 +29,8 @@ def parse_lam(value: str) -> float | str:
 
 
 def parse_select(value: str):
-    """argparse type of ``--select``: ``'on'``, ``'off'`` or ``key=value`` pairs (:meth:`ridgefill.select.Select.parse`)."""
+    """argparse type of ``--select``: ``'on'``/``'attention'``, ``'prompt'``, ``'off'``, ``key=value`` pairs, parts
+    joined by ``+`` and a last ``total=F`` (:meth:`ridgefill.select.Select.parse`)."""
     from .errors import InputError
     from .select import Select
 
@@ -46,7 +47,8 @@ SELECT_HELP = ("row selection: 'on' or 'attention' (the default, query-aware: tw
                "budget: a share of the prompt < 1, or rows), also after a preset ('prompt,budget=35'); parts joined "
                "by '+' each choose within their own budget, e.g. 'budget=0.02,reference=63+budget=0.03,queries=256,"
                "before=0,after=3,contrast=0' (needles and key tokens), and a last part 'total=F' caps them together, "
-               "each taking what the ones before it left, e.g. 'prompt,budget=35+attention+total=0.05'")
+               "each within what the parts that chose before it left (leverage parts first, then attention parts), e.g. "
+               "'prompt,budget=35+attention+total=0.05'")
 
 
 CALIB_SET_HELP = ("the shipped calibration text: 'mix' (the default: the four calibration novels, The Debian "

@@ -256,13 +256,16 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
 
     total = selection.budget_rows(n) if selection is not None else 0
 
-    def choose(part: int, scores: Tensor, budget: int) -> None:
-        """Part ``part`` chooses up to ``budget`` rows in all, within what the parts left of the total."""
+    def choose(part: int, scores: Tensor, budget: int, r: int = -1) -> None:
+        """Part ``part`` chooses up to ``budget`` rows in all (``r``: the attention round), within the total
+        less what every part took and what the attention parts listed before it keep for later rounds."""
         nonlocal ex
         filled = torch.ones(n, dtype=torch.bool, device=device)
         filled[ex] = False
-        left = total - sum(t.numel() for t in taken)
-        new = choose_rows(scores, filled, parts[part], min(budget - taken[part].numel(), left))
+        kept = sum(max(0, parts[j].budget_rows(n) - taken[j].numel()) for j in range(part)
+                   if parts[j].by == "attention" and r + 1 < parts[j].rounds) if r >= 0 else 0
+        left = total - sum(t.numel() for t in taken) - kept
+        new = choose_rows(scores, filled, parts[part], max(0, min(budget - taken[part].numel(), left)))
         taken[part] = torch.cat([taken[part], new])
         ex = torch.unique(torch.cat([ex, new]))
 
@@ -281,7 +284,7 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             out, ran = fill.run(ex, list(scorers.values())), ex
         for i, scorer in scorers.items():
             if r < parts[i].rounds:
-                choose(i, scorer.scores, parts[i].budget_rows(n) * (r + 1) // parts[i].rounds)
+                choose(i, scorer.scores, parts[i].budget_rows(n) * (r + 1) // parts[i].rounds, r)
     selected = torch.cat(taken).sort().values if parts else None
 
     result = adapter.logits(out[:, -1:] if logits == "last" else out)

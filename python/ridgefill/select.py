@@ -163,7 +163,8 @@ class Select:
         part ``total=F`` caps them together, e.g. ``"prompt,budget=35+attention+total=0.05"``.
 
         Raises:
-            InputError: an unknown key or a value of the wrong type; ``"off"`` as one of several parts.
+            InputError: an unknown key or a value of the wrong type; ``"off"`` as one of several parts;
+            a ``total`` that is not the last part, not a number, not > 0 or not whole when ≥ 1.
         """
         spec = spec.strip()
         if spec in ("off", "none", ""):
@@ -188,8 +189,6 @@ class Select:
                     total = float(value)
                 except ValueError:
                     raise InputError(f"select total={value.strip()!r}: not a number") from None
-                if not parts:
-                    raise InputError(f"select {spec!r}: 'total' caps parts; give at least one part before it")
             if any(p.startswith("total") for p in parts):
                 raise InputError(f"select {spec!r}: 'total=F' must be the last part, e.g. 'prompt,budget=35+attention+total=0.05'")
             return Selection(tuple(cls._parse_part(part) for part in parts), total)
@@ -198,13 +197,11 @@ class Select:
     @classmethod
     def _parse_part(cls, spec: str) -> "Select":
         spec = spec.strip()
-        if spec in ("on", "default"):
-            return cls()
         if spec in ("off", "none"):
             raise InputError(f"select part {spec!r}: 'off' cannot be joined with other parts; leave the part out")
         kwargs: dict = {}
         preset = spec.split(",")[0].strip()
-        if preset in ("prompt", "attention"):
+        if preset in ("prompt", "attention", "on", "default"):
             kwargs = dict(PROMPT_PRESET) if preset == "prompt" else {}
             spec = spec.partition(",")[2]
         for part in filter(None, spec.split(",")):
@@ -238,9 +235,12 @@ class Selection:
             attention).
         total: ``None`` (the budget is the sum of the parts'), or a cap on all parts together: a fraction
             of the prompt when ``< 1``, else a row count (spec: a last part ``total=F``). Each part
-            chooses within its own budget and within what the parts before it left of the total, so with
+            chooses within its own budget and within what the parts that chose before it left of the
+            total: leverage parts first, then attention parts, each in list order, round by round; an
+            attention part keeps the share of its later rounds from the parts listed after it. With
             ``"prompt,budget=35+attention+total=0.05"`` the leverage part takes 35 rows and the
-            attention part the rest of 5 % of the prompt, whatever its length.
+            attention part the rest of 5 % of the prompt (below 700 rows 5 % is under 35 rows, and the
+            leverage part takes it all).
 
     Raises:
         InputError: no parts, a part that is not a :class:`Select`, or a total that is not > 0 (or not
@@ -256,7 +256,7 @@ class Selection:
         t = self.total
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")
                               or (t >= 1 and t != int(t))):
-            raise InputError(f"select total must be > 0: a fraction of the prompt < 1, or a whole row count; got {t!r}")
+            raise InputError(f"select total must be a fraction of the prompt in (0, 1) or a whole row count ≥ 1; got {t!r}")
 
     def budget_rows(self, num_rows: int) -> int:
         """The total budget in rows for a prompt of ``num_rows`` rows: the sum of the parts', capped by
