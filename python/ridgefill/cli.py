@@ -47,7 +47,8 @@ SELECT_HELP = ("row selection: 'on' or 'attention' (the default, query-aware: tw
                "budget: a share of the prompt < 1, or rows), also after a preset ('prompt,budget=35'); parts joined "
                "by '+' each choose within their own budget, e.g. 'budget=0.02,reference=63+budget=0.03,queries=256,"
                "before=0,after=3,contrast=0' (needles and key tokens), and a last part 'total=F' caps them together, "
-               "each within what the parts that chose before it left (leverage parts first, then attention parts), e.g. "
+               "each within what the parts that chose before it left (leverage parts first, then attention parts; an "
+               "attention part with several rounds keeps its later rounds' share), e.g. "
                "'prompt,budget=35+attention+total=0.05'")
 
 

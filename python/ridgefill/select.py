@@ -237,7 +237,7 @@ class Selection:
             of the prompt when ``< 1``, else a row count (spec: a last part ``total=F``). Each part
             chooses within its own budget and within what the parts that chose before it left of the
             total: leverage parts first, then attention parts, each in list order, round by round; an
-            attention part keeps the share of its later rounds from the parts listed after it. With
+            attention part keeps the share of its later rounds from the attention parts listed after it. With
             ``"prompt,budget=35+attention+total=0.05"`` the leverage part takes 35 rows and the
             attention part the rest of 5 % of the prompt (below 700 rows 5 % is under 35 rows, and the
             leverage part takes it all).
