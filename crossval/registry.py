@@ -63,6 +63,7 @@ EXACT_TARGETS = (_R + "test_exact_targets_give_identity",)
 LIMIT = (_L + "test_huge_lambda_gives_centred_identity",)
 INTERCEPT_ERR = (_L + "test_intercept_error_bounded_by_map_error",)
 STREAM = (_S + "test_merged_moments_equal_direct_moments",)
+REFIT = ("test_refit_props.py::test_refit_minimises_the_objective_on_the_calibration_and_exact_rows",)
 IDENTITY_FILL = (_F + "test_identity_fill_is_ridge_fill_with_identity_maps",)
 CAUSAL = (_F + "test_later_tokens_never_change_earlier_rows",)
 LOWER = (_F + "test_lower_layers_exact",)
@@ -111,6 +112,9 @@ REGISTRY: tuple[Entry, ...] = (
               "supporting lemma (intercept)"),
     *_entries("Ridge", "sum_sub_mul_sub sum_append", ("ridgefill.ridge.fit_maps",), STREAM,
               "streaming statistics: RidgeStats.moments and RidgeStats.merged (methods the registry cannot name)"),
+    Entry("KvaLean.ridge_update", "KvaLean/Ridge.lean", ("ridgefill.refit.PromptRefit", "ridgefill.fill.prefill"),
+          REFIT + STREAM, "the refit on a prompt's exact rows: W + (G + ΔG + λI)⁻¹(ΔB − ΔG W) solves the merged "
+          "normal equations, so it is the fit on the calibration rows and α copies of the exact rows"),
     # ---- KvaLean/Solve.lean: the solution exists (λ > 0), and (W, b) is unique ---------------------
     Entry("KvaLean.exists_solve_of_coercive", "KvaLean/Solve.lean", _SOLVE, EXISTS + NORMAL_EQ,
           "⟨u, A u⟩ ≥ μ‖u‖², μ > 0 ⇒ A w = c has a solution (Gaussian elimination, Schur complements)"),

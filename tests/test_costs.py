@@ -92,6 +92,20 @@ def test_rows_chosen_up_front_cost_one_pass():
         fill_cost(SMALL, n, split, tail, selected=chosen, rounds=-1)
 
 
+@pytest.mark.parametrize("chosen,rounds", [([], 1), ([0, 3, 4, 9], 1), ([1, 2], 2), ([0, 3], 0)])
+def test_refit_cost_counts_the_first_pass_solves(chosen, rounds):
+    """``refit=True``: the first pass, with ``E`` exact rows, adds ``2·E·d²`` (their Gram) and per late layer
+    ``4·E·d²`` and ``8·d³/3`` (residuals, cross term, factorisation and solve); later passes add nothing."""
+    n, split, tail, d = 20, 1, 6, SMALL.hidden
+    late, k = SMALL.layers - split - 1, len(chosen)
+    plain = fill_cost(SMALL, n, split, tail, selected=chosen, rounds=rounds).flops
+    e = tail + (k if rounds == 0 else 0)  # rows chosen up front are exact in the one pass
+    solves = 2 * e * d * d + late * (4 * e * d * d + 8 * d ** 3 // 3)
+    assert fill_cost(SMALL, n, split, tail, selected=chosen, rounds=rounds, refit=True).flops == plain + solves
+    assert ideal_ratio(SMALL, n, split, tail, selected=chosen, rounds=rounds, refit=True) < \
+        ideal_ratio(SMALL, n, split, tail, selected=chosen, rounds=rounds)
+
+
 def test_tail_covering_the_prompt_costs_what_exact_costs():
     for n in (1, 10, 100):
         assert fill_cost(SMALL, n, 1, n).flops == exact_cost(SMALL, n).flops
@@ -229,6 +243,21 @@ def test_bench_with_row_selection(capsys):
                       select=Select.parse("prompt,budget=8"))
     r = bench(cfg, progress=False)["rows"][0]
     assert r["sel_rows"] == 8 and r["sel_ideal"] < r["ideal"]
+
+
+def test_bench_with_refit(capsys):
+    from ridgefill.select import Select
+
+    cfg = BenchConfig(model="tiny-random", lengths=(96,), split=2, tail=16, repeats=2, warmup=0, refit=4.0,
+                      select=Select(budget=8, before=1, after=2))
+    r = bench(cfg, progress=False)["rows"][0]
+    assert r["refit"] == 4.0 and len(r["refit_s_all"]) == 2 and r["refit_ratio"] > 0
+    assert r["refit_ideal"] < r["ideal"]  # the solves cost FLOPs
+    assert r["sel_ideal"] < r["refit_ideal"]  # selection with the refit: chosen rows, second pass, rewrite
+    assert r["refit_measured_over_ideal"] == pytest.approx(r["refit_ratio"] / r["refit_ideal"])
+    assert main(["bench", "--model", "tiny-random", "--lengths", "64", "--split", "1", "--tail", "8", "--repeats",
+                 "1", "--warmup", "0", "--refit", "4"]) == 0
+    assert "refitted on the exact rows" in capsys.readouterr().out
 
 
 def test_bench_command_line(capsys):

@@ -68,6 +68,19 @@ def test_eval_commands_and_report(workdir, capsys):
     assert [t["results"]["2/ridge+sel"] for t in alone["trials"]] == [t["results"]["2/ridge+sel"] for t in both["trials"]]
     assert [t["answer"] for t in alone["trials"]] == [t["answer"] for t in both["trials"]]
 
+    # --refit: every ridge system again with the maps refitted on the exact rows
+    assert _run(workdir, "eval", "loss", "--splits", "2", "--modes", "ridge", "--select", "budget=8", "--refit", "4",
+                "--json", str(out / "loss-refit.json"), *LOSS) == 0
+    refit = json.loads((out / "loss-refit.json").read_text())
+    assert {r["variant"] for r in refit["summary"]} == {"2/ridge", "2/ridge+sel", "2/ridge+refit", "2/ridge+sel+refit"}
+    assert refit["refit"] == 4.0
+    docs = refit["documents"]
+    assert all(d["fill"]["2/ridge+refit"] != d["fill"]["2/ridge"] for d in docs)  # the refit changes the fill
+    assert _run(workdir, "eval", "needle", *args[:-2], "--modes", "ridge", "--refit", "4", "--json",
+                str(out / "needle-refit.json")) == 0
+    assert {r["system"] for r in json.loads((out / "needle-refit.json").read_text())["scores"]} == {
+        "2/ridge", "2/ridge+sel", "2/ridge+refit", "2/ridge+sel+refit"}
+
     assert _run(workdir, "eval", "depth", "--depths", "1/3,1/2", "--needle-length", "1500", "--needle-trials", "1",
                 "--needle-tail", "200", *LOSS) == 0
     depth = json.loads((out / "depth.json").read_text())

@@ -99,6 +99,7 @@ class BenchConfig:
     calib_chunk: int = 512
     calib_lengths: tuple[int, int] = (4096, 16384)
     select: object = None  # a ridgefill.select.Select or Selection: also time the fill with row selection
+    refit: float = 0.0  # > 0: also time the fill with the maps refitted on the exact rows (and select with it)
     json: str | None = None
     command: str = ""
 
@@ -157,8 +158,10 @@ def timing_maps(model: torch.nn.Module, split: int, *, seed: int = 0, scale: flo
     w = torch.randn(late, d, d, generator=g, device=p.device, dtype=torch.float32) * (scale / d ** 0.5)
     w += torch.eye(d, device=p.device)
     b = torch.zeros(late, d, device=p.device)
-    # zero means and an identity covariance: the centred fill and query-agnostic selection can be timed
-    return RidgeMaps(split, w.to(p.dtype), b.to(p.dtype), [0.0] * late, {"purpose": "timing only (random)"},
+    # zero means, an identity covariance and a token count: the centred fill, query-agnostic selection and
+    # the refit on the exact rows can be timed
+    meta = {"purpose": "timing only (random)", "kind": "inputs", "calibration_tokens": 65536, "lambda_spec": "auto"}
+    return RidgeMaps(split, w.to(p.dtype), b.to(p.dtype), [1.0] * late, meta,
                      mean_h=torch.zeros(d, device=p.device), mean_x=torch.zeros(late, d, device=p.device),
                      cov_h=torch.eye(d, device=p.device))
 
@@ -255,7 +258,7 @@ def _load() -> float | None:
 
 
 def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3, warmup: int = 1,
-                 seed: int = 0, select=None) -> dict:
+                 seed: int = 0, select=None, refit: float = 0.0) -> dict:
     """Time exact and fill prefill of ``n`` random token ids (see the module docstring).
 
     With ``select`` (a :class:`ridgefill.select.Select` or :class:`~ridgefill.select.Selection`) a third
@@ -264,13 +267,16 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     ``rounds``, ``queries``). A selection mixing query-agnostic and attention parts is counted as if all
     its rows were chosen by attention (rows chosen up front are exact in both passes, and the leverage
     scores are left out): its bound is then a little high (2 % at 2,048 rows with 102 + 102 rows).
+    With ``refit > 0`` the fill with the maps refitted on the exact rows (:mod:`ridgefill.refit`) is timed
+    too, and the selection prefill refits as well; their bounds count the refit (``fill_cost(refit=True)``).
 
     Returns:
         A dict: ``n``, ``tail``, ``ideal``, ``exact_s``/``fill_s`` (medians) and ``*_all`` (every repeat),
         ``ratio`` (median of per-pair ``exact/fill``), ``ratios``, ``measured_over_ideal``,
         ``exact_peak_bytes``/``fill_peak_bytes``, ``load`` (1-minute load averages before and after);
         with ``select`` also ``sel_s``, ``sel_ratio``, ``sel_ideal``, ``sel_measured_over_ideal``,
-        ``sel_rows`` (rows chosen).
+        ``sel_rows`` (rows chosen); with ``refit`` also ``refit_s``, ``refit_ratio``, ``refit_ideal``,
+        ``refit_measured_over_ideal``.
 
     Raises:
         InputError: ``tail`` not in ``1..n-1``, ``repeats < 1`` or ``warmup < 0``.
@@ -284,8 +290,10 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     ids = torch.randint(0, model.config.vocab_size, (1, n), generator=g).to(device)
     runs = {"exact": lambda: prefill(model, ids, tail=tail, mode="exact"),
             "fill": lambda: prefill(model, ids, maps, tail=tail, mode="ridge")}
+    if refit > 0:
+        runs["refit"] = lambda: prefill(model, ids, maps, tail=tail, mode="ridge", refit=refit)
     if select is not None:
-        runs["sel"] = lambda: prefill(model, ids, maps, tail=tail, mode="ridge", select=select)
+        runs["sel"] = lambda: prefill(model, ids, maps, tail=tail, mode="ridge", select=select, refit=refit)
     load_before = _load()
     for _ in range(warmup):
         for fn in runs.values():
@@ -310,13 +318,18 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     ideal = ideal_ratio(model.config, n, maps.split, tail)
     ratio = statistics.median(ratios)
     extra = {}
+    if refit > 0:
+        refit_ideal = ideal_ratio(model.config, n, maps.split, tail, refit=True)
+        refit_ratio = statistics.median(e / f for e, f in zip(times["exact"], times["refit"]))
+        extra = {"refit_s": statistics.median(times["refit"]), "refit_s_all": times["refit"], "refit_ratio": refit_ratio,
+                 "refit_ideal": refit_ideal, "refit_measured_over_ideal": refit_ratio / refit_ideal, "refit": refit}
     if select is not None:
-        chosen = prefill(model, ids, maps, tail=tail, mode="ridge", select=select).selected.tolist()
+        chosen = prefill(model, ids, maps, tail=tail, mode="ridge", select=select, refit=refit).selected.tolist()
         sel = as_selection(select)  # leverage parts: chosen up front; attention parts: rounds + 1 passes
         sel_ideal = ideal_ratio(model.config, n, maps.split, tail, selected=chosen, rounds=sel.rounds,
-                                queries=sel.scored_rows(tail + len(chosen)))
+                                queries=sel.scored_rows(tail + len(chosen)), refit=refit > 0)
         sel_ratio = statistics.median(e / f for e, f in zip(times["exact"], times["sel"]))
-        extra = {"sel_s": statistics.median(times["sel"]), "sel_s_all": times["sel"], "sel_ratio": sel_ratio,
+        extra |= {"sel_s": statistics.median(times["sel"]), "sel_s_all": times["sel"], "sel_ratio": sel_ratio,
                  "sel_ideal": sel_ideal, "sel_measured_over_ideal": sel_ratio / sel_ideal, "sel_rows": len(chosen),
                  "sel_peak_bytes": peaks["sel"]}
     return {**extra, "n": n, "tail": tail, "ideal": ideal, "ratio": ratio, "measured_over_ideal": ratio / ideal,
@@ -506,7 +519,7 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
         "repeats": cfg.repeats, "warmup": cfg.warmup, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "torch": torch.__version__, "load_average": None, "maps": "random (timing only)",
         "fast_path_check": check, "rows": [], "calibration": None, "complete": False,
-        "select": None if cfg.select is None else str(cfg.select),
+        "select": None if cfg.select is None else str(cfg.select), "refit": cfg.refit,
     }
 
     def save():
@@ -520,7 +533,7 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
         if progress:
             print(f"bench N={n} ...", file=sys.stderr, flush=True)
         row = bench_length(model, maps, n, tail=tail, repeats=cfg.repeats, warmup=cfg.warmup, seed=cfg.seed,
-                           select=cfg.select)
+                           select=cfg.select, refit=cfg.refit)
         e, f = exact_cost(shape, n), fill_cost(shape, n, split, tail)
         row.update(exact_tflop=e.flops / 1e12, fill_tflop=f.flops / 1e12,
                    exact_tflops_per_s=e.flops / 1e12 / row["exact_s"], fill_tflops_per_s=f.flops / 1e12 / row["fill_s"])
@@ -562,9 +575,16 @@ def format_table(report: dict) -> str:
     lines.append("ideal: exact/fill FLOPs (ridgefill.costs); measured: median of per-pair exact/fill wall-time ratios; "
                  "MiB: peak memory above the model (CPU: RSS, approximate); cpu-time: median per-pair ratio of process "
                  "CPU seconds (CPU only; less sensitive to other processes); load: 1-min load average before/after")
+    refits = [r for r in report["rows"] if "refit_ratio" in r]
+    if refits:
+        lines.append(f"with the maps refitted on the exact rows (refit={report.get('refit')}):")
+        lines.append(f"{'N':>7} {'ideal':>6} {'measured':>9} {'meas/ideal':>10} {'refit s':>9}")
+        lines += [f"{r['n']:>7} {r['refit_ideal']:>6.2f} {r['refit_ratio']:>8.2f}x "
+                  f"{r['refit_measured_over_ideal']:>10.2f} {r['refit_s']:>9.3f}" for r in refits]
     sel = [r for r in report["rows"] if "sel_ratio" in r]
     if sel:
-        lines.append(f"with row selection ({report.get('select')}):")
+        lines.append(f"with row selection ({report.get('select')})"
+                     + (f" and the refit (refit={report.get('refit')}):" if report.get("refit") else ":"))
         lines.append(f"{'N':>7} {'rows':>6} {'ideal':>6} {'measured':>9} {'meas/ideal':>10} {'sel s':>9}")
         lines += [f"{r['n']:>7} {r['sel_rows']:>6} {r['sel_ideal']:>6.2f} {r['sel_ratio']:>8.2f}x "
                   f"{r['sel_measured_over_ideal']:>10.2f} {r['sel_s']:>9.3f}" for r in sel]
@@ -602,13 +622,13 @@ def _run(args) -> None:
     cfg = BenchConfig(model=args.model, device=args.device, dtype=args.dtype, lengths=args.lengths, split=args.split,
                       tail=args.tail, repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed,
                       calibration=args.calibration, calib_chunk=args.calib_chunk,
-                      calib_lengths=args.calib_lengths, json=args.json, select=args.select,
+                      calib_lengths=args.calib_lengths, json=args.json, select=args.select, refit=args.refit,
                       command="ridgefill " + " ".join(sys.argv[1:]) if sys.argv else "ridgefill bench")
     print(format_table(bench(cfg)))
 
 
 def add_subcommand(subparsers) -> argparse.ArgumentParser:
-    from .cli import SELECT_HELP, parse_select
+    from .cli import REFIT_HELP, SELECT_HELP, parse_refit, parse_select
 
     """Register ``ridgefill bench`` on ``subparsers``; the parser's ``func`` runs it."""
     p = subparsers.add_parser("bench", help="time exact vs fill prefill at several lengths, with the ideal ratio",
@@ -631,6 +651,8 @@ def add_subcommand(subparsers) -> argparse.ArgumentParser:
                    help="two or more calibration text lengths in tokens (default 4k,16k)")
     p.add_argument("--select", type=parse_select, default=None, help="also time the fill with " + SELECT_HELP
                    + " (default off)")
+    p.add_argument("--refit", type=parse_refit, default=0.0, help="also time the fill with the maps refitted on "
+                   "the exact rows (with --select, the selection refits too): " + REFIT_HELP + " (default 0)")
     p.add_argument("--json", default=None, help="also write the report to this JSON file")
     p.set_defaults(func=_run)
     return p

@@ -52,6 +52,22 @@ SELECT_HELP = ("row selection: 'on' or 'attention' (the default, query-aware: tw
                "'prompt,budget=35+attention+total=0.05'")
 
 
+def parse_refit(value: str) -> float:
+    """argparse type of ``--refit``: a finite number ``≥ 0`` (``0``: off)."""
+    from .errors import InputError
+    from .validate import check_real
+
+    try:
+        return check_real(float(value) if value.strip() else value, "--refit", lo=0.0)
+    except (InputError, ValueError):
+        raise argparse.ArgumentTypeError(f"--refit must be a number ≥ 0 (the weight of the exact rows, as a multiple "
+                                         f"of the calibration rows, in the refit of the maps; 0: off); got {value!r}") from None
+
+
+REFIT_HELP = ("refit the ridge maps on the prompt's exact rows before each late layer's filled rows write their "
+              "K/V, the exact rows together weighing this many times the calibration rows (ridgefill.refit); 0: off")
+
+
 CALIB_SET_HELP = ("the shipped calibration text: 'mix' (the default: the four calibration novels, The Debian "
                   "Administrator's Handbook and Python standard-library source, a third of the chunks each) or "
                   "'novels' (the four calibration novels alone, the earlier default)")
@@ -93,8 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=d.repeats, help=f"timed prefill repeats per mode (default {d.repeats})")
     p.add_argument("--out", default=d.out, help=f"output folder for maps and report.json (default {d.out})")
     p.add_argument("--maps", default=None, help="maps file to reuse, or to create if it does not exist (a file that does not fit the run is an error, never replaced; default <out>/maps-S<split>.safetensors, which is refitted when it does not fit)")
-    p.add_argument("--select", type=parse_select, default=d.select, help=SELECT_HELP + "; the ridge+sel row "
+    p.add_argument("--select", type=parse_select, default=d.select, help=SELECT_HELP + "; the ridge+sel+refit row "
                    "(default 'on')")
+    p.add_argument("--refit", type=parse_refit, default=d.refit, help=REFIT_HELP + f"; the ridge+refit and "
+                   f"ridge+sel+refit rows (default {d.refit:g}; 0: a ridge+sel row without refit instead)")
     p.add_argument("--needle-trials", type=int, default=d.needle_trials,
                    help=f"filled-region single-needle prompts per system (default {d.needle_trials}; 0: no needle column)")
     p.add_argument("--text", nargs="+", action="extend", default=None, metavar="FILE",
@@ -128,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", type=int, default=None, help="split for identity/none without maps")
     p.add_argument("--mode", default="ridge", choices=["ridge", "centred", "identity", "none", "exact"])
     p.add_argument("--select", type=parse_select, default=None, help=SELECT_HELP + " (default off)")
+    p.add_argument("--refit", type=parse_refit, default=0.0, help=REFIT_HELP + f" (default 0; the main job uses "
+                   f"{d.refit:g}; needs --mode ridge)")
     p.add_argument("--max-new-tokens", type=int, default=64)
 
     for module in EXTRA_SUBCOMMANDS:
@@ -143,7 +163,7 @@ def _cmd_run(a) -> None:
     cfg = RunConfig(model=a.model, split=a.split, tail=a.tail, calib_tokens=a.calib_tokens, chunk=a.chunk,
                     lam=a.lam, docs=a.docs, doc_tokens=a.doc_tokens, gen_tokens=a.gen_tokens,
                     repeats=a.repeats, out=a.out, maps=a.maps, threads=a.threads, select=a.select,
-                    needle_trials=a.needle_trials, texts=tuple(a.text or ()), calib_set=a.calib_set)
+                    refit=a.refit, needle_trials=a.needle_trials, texts=tuple(a.text or ()), calib_set=a.calib_set)
     report = run(cfg)
     print(format_table(report))
     print(f"report: {Path(cfg.out) / 'report.json'}   maps: {report['maps_path']}")
@@ -217,7 +237,8 @@ def _cmd_generate(a) -> None:
     if not prompt.strip():
         raise InputError(f"the prompt file {a.prompt_file!r} is empty: put the prompt text in it")
     ids = torch.tensor([tok(prompt, add_special_tokens=True)["input_ids"]])
-    res = prefill(model, ids, maps, tail=min(a.tail, ids.shape[1]), mode=a.mode, split=a.split, select=a.select)
+    res = prefill(model, ids, maps, tail=min(a.tail, ids.shape[1]), mode=a.mode, split=a.split, select=a.select,
+                  refit=a.refit)
     new = generate_after(model, ids, res, a.max_new_tokens)
     print(tok.decode(new[0], skip_special_tokens=True))
 

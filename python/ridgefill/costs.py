@@ -187,7 +187,7 @@ def exact_cost(shape: ModelShape, n: int, *, bytes_per_value: int = 2) -> Prefil
 
 def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = True,
               bytes_per_value: int = 2, selected=(), rounds: int = 1, kv_maps: bool = False,
-              queries: int = 1) -> PrefillCost:
+              queries: int = 1, refit: bool = False) -> PrefillCost:
     """Cost of the fill prefill of ``n`` rows at split ``S = split`` with ``T = tail`` exact rows.
 
     Args:
@@ -215,6 +215,10 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
             scoring runs only in layers with a kept head).
         kv_maps: K/V maps (kind ``"kv"``): each filled row's map is ``2·d·(2·H_kv·h) + 2·H_kv·h``
             FLOPs and replaces the map and the K/V projections.
+        refit: the maps are refitted once, in the first pass, on its ``E`` exact rows (``prefill(...,
+            refit=ρ)``, :mod:`ridgefill.refit`): ``2·E·d²`` for the exact rows' Gram, then per late layer
+            ``4·E·d²`` (their residuals and cross term) and ``8·d³/3`` (a Cholesky factorisation and a
+            solve with ``d`` right-hand sides). Later passes keep the filled rows' K/V.
 
     Raises:
         InputError: a size out of range, or a selected row outside the filled rows.
@@ -239,6 +243,10 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
     kv_out = 2 * shape.kv_heads * shape.head_dim
     map_flops = (2 * shape.hidden * kv_out + kv_out) if kv_maps else (shape.map_flops if maps else 0)
     kv_flops = 0 if kv_maps else shape.kv_flops
+    refit_flops = 0
+    if refit:  # the first pass refits on its exact rows (the rows chosen up front are among them)
+        d, e = shape.hidden, tail + (k if rounds == 0 else 0)
+        refit_flops = 2 * e * d * d + late * (4 * e * d * d + 8 * d ** 3 // 3)
     chosen_attention = sum(shape.attention_flops(p, p + 1) for p in selected)
     scoring = passes * min(queries, tail + k) * shape.attention_flops(n - 1, n)
     parts = {
@@ -247,7 +255,7 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
         "attention": (lower * shape.attention_flops(0, n)
                       + late * ((1 + passes) * shape.attention_flops(filled, n)
                                 + chosen_passes * chosen_attention + scoring)),
-        "maps": late * kv_rows * map_flops + leverage,
+        "maps": late * kv_rows * map_flops + leverage + refit_flops,
         "lm_head": 2 * shape.hidden * shape.vocab,
     }
     assert parts["projections"] + parts["mlp"] == (lower * n + late * exact_rows) * row + late * kv_rows * kv_flops
@@ -259,15 +267,15 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
 
 
 def ideal_ratio(config_or_shape, n: int, split: int, tail: int, *, maps: bool = True, selected=(),
-                rounds: int = 1, kv_maps: bool = False, queries: int = 1) -> float:
+                rounds: int = 1, kv_maps: bool = False, queries: int = 1, refit: bool = False) -> float:
     """``exact_cost(N).flops / fill_cost(N, S, T, ...).flops``: the speed-up of an ideal fill path when
     prefill is compute-bound. Accepts a ``transformers`` config or a :class:`ModelShape`; ``selected``,
-    ``rounds``, ``kv_maps`` and ``queries`` as in :func:`fill_cost`.
+    ``rounds``, ``kv_maps``, ``queries`` and ``refit`` as in :func:`fill_cost`.
 
     Raises:
         InputError: a size out of range or a config without the needed fields.
     """
     shape = config_or_shape if isinstance(config_or_shape, ModelShape) else ModelShape.from_config(config_or_shape)
     cost = fill_cost(shape, n, split, tail, maps=maps, selected=selected, rounds=rounds, kv_maps=kv_maps,
-                     queries=queries)
+                     queries=queries, refit=refit)
     return exact_cost(shape, n).flops / cost.flops

@@ -41,9 +41,10 @@ from .adapters import adapter_for
 from .adapters.base import record_sliding_windows, trim_sliding_windows, write_rows
 from .errors import InputError, NonFiniteError
 from .maps import RidgeMaps
+from .refit import PromptRefit, fit_count
 from .select import (AttentionScores, Select, Selection, as_selection, check_leverage_stats, choose_rows,
                      leverage_scores, uses_leverage)
-from .validate import binds_prompt, check_choice, check_int, check_rows, prompt_digest
+from .validate import binds_prompt, check_choice, check_int, check_real, check_rows, prompt_digest
 
 Mode = Literal["ridge", "centred", "identity", "none", "exact"]
 #: ``kv_hook(layer, keys, values, filled_positions) -> (keys, values)``: see :func:`prefill`.
@@ -69,6 +70,8 @@ class PrefillResult:
         prompt_sha256: :func:`ridgefill.validate.prompt_digest` of its ``input_ids`` (set by :func:`prefill`);
             :func:`generate_after` refuses other ids.
         consumed: set by :func:`generate_after`, which extends ``cache`` in place: a result decodes once.
+        refit_maps: with ``refit``, the refitted maps the filled rows used, ``(weights [L-S-1, batch, d, d],
+            biases [L-S-1, batch, d])`` in the model dtype (one map per prompt of the batch); else ``None``.
     """
 
     cache: object
@@ -80,6 +83,7 @@ class PrefillResult:
     prompt_rows: int | None = None
     prompt_sha256: str | None = None
     consumed: bool = False
+    refit_maps: tuple[Tensor, Tensor] | None = None
 
 
 def exact_positions(num_rows: int, tail: int, exact_rows: Iterable[int] = ()) -> Tensor:
@@ -104,12 +108,15 @@ def predict_inputs(h_split: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     Args:
         h_split: ``[batch, rows, d]`` split state of the filled rows.
         weight: ``W_l`` ``[d, k]``; bias: ``b_l`` ``[k]`` (same dtype as ``h_split``); ``k = d`` for
-            input maps, ``2·kv_dim`` for K/V maps (whose prediction is the pre-RoPE keys and values).
+            input maps, ``2·kv_dim`` for K/V maps (whose prediction is the pre-RoPE keys and values); or
+            one map per batch row, ``[batch, d, k]`` and ``[batch, k]`` (maps refitted per prompt).
 
     Returns:
         ``[batch, rows, k]``. With ``W = I`` and ``b = 0`` it is ``h_S`` itself, the identity fill
         (Lean: ``KvaLean.Identity.identity_fill_eq``).
     """
+    if weight.ndim == 3:  # one map per prompt of the batch (maps refitted per prompt, :mod:`ridgefill.refit`)
+        return torch.baddbmm(bias[:, None, :], h_split, weight)
     out = torch.addmm(bias, h_split.reshape(-1, h_split.shape[-1]), weight)
     return out.view(*h_split.shape[:-1], weight.shape[-1])
 
@@ -133,7 +140,7 @@ def _check_finite(x: Tensor, where: str) -> None:
 def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = None, *, tail: int,
             exact_rows: Iterable[int] = (), mode: Mode = "ridge", split: int | None = None,
             logits: Literal["last", "exact"] = "last", kv_hook: KVHook | None = None,
-            fast: bool = True, select: Select | Selection | None = None) -> PrefillResult:
+            fast: bool = True, select: Select | Selection | None = None, refit: float = 0.0) -> PrefillResult:
     """Prefill ``input_ids`` with RidgeFill (or a baseline) and return the cache and logits.
 
     Args:
@@ -163,17 +170,30 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             of several such parts, each with its own budget and within the selection's ``total`` when it
             has one (leverage parts first, then the attention parts, all scored in the same first pass).
             ``None``: no selection.
+        refit: ``ρ ≥ 0``; ``> 0`` refits each late layer's map, before its filled rows write their K/V,
+            on the calibration statistics plus the exact rows' own ``(h_S, x_l)`` pairs, the ``T`` exact
+            rows together weighing ``ρ`` times the ``n`` calibration rows (each counted ``α = ρ n / T``
+            times; :mod:`ridgefill.refit`; row 0, the attention sink, is left out of the pairs). Mode
+            ``"ridge"`` with input maps that store their calibration statistics. With ``select`` the maps
+            are refitted once, in the first pass, on its exact rows (the tail and ``exact_rows``), and the
+            later passes keep the filled rows' K/V (refitting again on the chosen rows too and rewriting them
+            answered fewer needles at 4K and 8K tokens and costs a second fill: docs/evaluate.md, "Eighth
+            session"). ``0`` (default): the calibration maps; ``ridgefill run`` uses
+            :data:`ridgefill.refit.DEFAULT_REFIT`.
 
     Returns:
         :class:`PrefillResult`; with ``select`` its ``selected`` holds the chosen rows (also in
         ``exact_positions``). The cache and logits equal those of a one-pass prefill with the chosen rows
-        given as ``exact_rows`` (up to float rounding).
+        given as ``exact_rows`` (up to float rounding); with ``refit``, of that prefill with the first pass's
+        refitted maps (``refit_maps``) as its maps and no refit. With ``refit`` its ``refit_maps`` hold the
+        maps the filled rows used.
 
     Raises:
         InputError: a bad type, shape or value of ``input_ids``, ``mode``, ``tail`` (an integer, not a
             float or bool), ``exact_rows``, ``split``, ``logits`` (only ``"last"`` or ``"exact"``), ``maps``
             or ``select``; on models with recurrent-state layers (:class:`~ridgefill.adapters.HybridAdapter`),
-            exact rows outside the tail, a ``kv_hook``, ``select`` or K/V maps.
+            exact rows outside the tail, a ``kv_hook``, ``select`` or K/V maps; ``refit`` not a finite
+            number ``≥ 0``, or ``> 0`` outside mode ``"ridge"`` or with maps lacking calibration statistics.
         MapsMismatchError: ``maps`` belong to another model or split.
         NonFiniteError: NaN/Inf activations.
     """
@@ -205,6 +225,11 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     if kv_hook is not None and not callable(kv_hook):
         raise InputError(f"kv_hook must be callable or None; got {type(kv_hook).__name__}")
     ex = exact_positions(n, tail, exact_rows).to(input_ids.device)
+    refit = check_real(refit, "refit", lo=0.0, hint="the weight of the exact rows, as a multiple of the calibration "
+                       "rows, in the refit of the maps (0: off)")
+    if refit > 0 and mode != "ridge":
+        raise InputError(f"refit refits the ridge maps on the exact rows; mode {mode!r} has none: use mode='ridge' "
+                         "or refit=0")
     if mode == "exact":
         return _prefill_exact(model, input_ids, ex, logits)
 
@@ -216,6 +241,8 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
                              "with ridgefill.load_maps")
         maps.check_model(model, split)
         split = maps.split
+        if refit > 0:
+            fit_count(maps)  # the statistics the refit needs, checked before any layer runs
     elif split is None:
         split = maps.split if maps is not None else None
     if split is None or not 0 <= split <= L - 2:
@@ -249,7 +276,8 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
 
     kind = maps.kind if mode == "ridge" else "inputs"
     fill = _LateFill(adapter, range(split + 1, L), x, rope, _fill_maps(mode, maps, x), kv_hook,
-                     fast and kv_hook is None and kind == "inputs", none=mode == "none", kind=kind, state=state)
+                     fast and kv_hook is None and kind == "inputs", none=mode == "none", kind=kind, state=state,
+                     refit=(maps, refit) if refit > 0 else None)
     selection = as_selection(select) if select is not None else None
     parts = selection.parts if selection is not None else ()
     taken = [torch.zeros(0, dtype=torch.long, device=device) for _ in parts]  # rows each part chose
@@ -291,7 +319,7 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     _check_finite(result, "the logits of the exact rows")
     late_k, late_v = fill.cache_rows(ex)
     cache = adapter.build_cache(keys + late_k, values + late_v)
-    return PrefillResult(cache, result, ex, split, mode, selected)
+    return PrefillResult(cache, result, ex, split, mode, selected, refit_maps=fill.refitted)
 
 
 def _fill_maps(mode: str, maps: RidgeMaps | None, like: Tensor) -> tuple[Tensor, Tensor] | None:
@@ -315,54 +343,67 @@ class _LateFill:
     layer, from ``h_S`` through the maps), then runs the exact rows through every late layer, attending
     to the mixed cache. Calling it again with more exact rows (row selection) recomputes only the late
     layers of the exact rows; the rows that became exact overwrite their predicted K/V with exact ones.
+    With ``refit`` (``(maps, ρ)``, :mod:`ridgefill.refit`) the first run refits each layer's map on the
+    exact rows' inputs of that layer just before its filled rows write their K/V; later runs keep those
+    maps (:attr:`refitted`: ``[late, batch, d, d]`` and ``[late, batch, d]``) and the K/V written from them.
     """
 
     def __init__(self, adapter, late: range, h: Tensor, rope, maps: tuple[Tensor, Tensor] | None,
-                 kv_hook: KVHook | None, batched: bool, none: bool, kind: str = "inputs", state=None):
+                 kv_hook: KVHook | None, batched: bool, none: bool, kind: str = "inputs", state=None,
+                 refit: tuple[RidgeMaps, float] | None = None):
         self.adapter, self.late, self.h, self.rope = adapter, late, h, rope
         self.maps, self.kv_hook, self.batched, self.none, self.kind = maps, kv_hook, batched, none, kind
         self.state = state  # recurrent layers' conv and delta-rule states (hybrid models), else None
+        self.refit, self.refitted = refit, None
         self.attention = [layer not in adapter.recurrent_layers for layer in late]
         b, n = h.shape[0], h.shape[1]
         shape = (len(late), b, adapter.num_kv_heads, n, adapter.head_dim)
         self.keys, self.values = h.new_zeros(shape), h.new_zeros(shape)
         self.have = torch.zeros(len(late), n, dtype=torch.bool, device=h.device)  # rows holding K/V
 
-    def _write_filled(self, ex: Tensor) -> None:
-        ad, n = self.adapter, self.h.shape[1]
-        filled = torch.ones(n, dtype=torch.bool, device=self.h.device)
+    def _filled(self, ex: Tensor) -> Tensor:
+        filled = torch.ones(self.h.shape[1], dtype=torch.bool, device=self.h.device)
         filled[ex] = False
-        fl = filled.nonzero().flatten()
-        if self.none or fl.numel() == 0:
-            return
+        return filled.nonzero().flatten()
+
+    def _write_filled(self, ex: Tensor, fl: Tensor) -> None:
+        """Every late layer's filled-row K/V from the calibration maps (batched when possible)."""
+        ad = self.adapter
         needs = [ad.needed_filled_rows(layer, fl, ex) if att else None for layer, att in zip(self.late, self.attention)]
         if (self.batched and not self.have.any() and all(self.attention) and hasattr(ad, "fill_kv")
                 and ad.supports_fill_kv() and all(nd is None for nd in needs)):
             self._fill_batched(fl)
             self.have[:, fl] = True
             return
-        for i, (layer, need) in enumerate(zip(self.late, needs)):
-            if not self.attention[i]:  # a recurrent layer: the filled rows advance its state (first, once)
-                if not self.have[i].any():
-                    h = _rows(self.h, fl, 1)
-                    ad.advance_state(layer, h if self.maps is None else predict_inputs(h, self.maps[0][i], self.maps[1][i]),
-                                     self.state)
-                    self.have[i, fl] = True
-                continue
-            rows = fl if need is None else fl[need]
-            rows = rows[~self.have[i, rows]]
-            if rows.numel() == 0:
-                continue
-            h = _rows(self.h, rows, 1)
-            x_hat = h if self.maps is None else predict_inputs(h, self.maps[0][i], self.maps[1][i])
-            if self.kind == "kv":  # K/V maps predict the pre-RoPE keys and values themselves
-                kf, vf = ad.kv_from_targets(layer, x_hat, self.rope.rows(rows))
-            else:
-                kf, vf = ad.kv(layer, x_hat, self.rope.rows(rows))
-            if self.kv_hook is not None:
-                kf, vf = self.kv_hook(layer, kf, vf, rows)
-            write_rows(self.keys[i], self.values[i], rows, kf, vf)
-            self.have[i, rows] = True
+        for i, layer in enumerate(self.late):
+            self._write_layer(i, layer, fl, ex, None if self.maps is None else (self.maps[0][i], self.maps[1][i]))
+
+    def _write_layer(self, i: int, layer: int, fl: Tensor, ex: Tensor, maps: tuple[Tensor, Tensor] | None) -> None:
+        """Late layer ``layer`` (index ``i``): its filled rows ``fl`` that lack K/V write them from
+        ``x̂ = h_S W + b`` (``maps``; ``None``: the identity fill); a recurrent layer instead has the
+        filled rows advance its state (once)."""
+        ad = self.adapter
+        if not self.attention[i]:  # a recurrent layer: the filled rows advance its state (first, once)
+            if not self.have[i].any():
+                h = _rows(self.h, fl, 1)
+                ad.advance_state(layer, h if maps is None else predict_inputs(h, *maps), self.state)
+                self.have[i, fl] = True
+            return
+        need = ad.needed_filled_rows(layer, fl, ex)
+        rows = fl if need is None else fl[need]
+        rows = rows[~self.have[i, rows]]
+        if rows.numel() == 0:
+            return
+        h = _rows(self.h, rows, 1)
+        x_hat = h if maps is None else predict_inputs(h, *maps)
+        if self.kind == "kv":  # K/V maps predict the pre-RoPE keys and values themselves
+            kf, vf = ad.kv_from_targets(layer, x_hat, self.rope.rows(rows))
+        else:
+            kf, vf = ad.kv(layer, x_hat, self.rope.rows(rows))
+        if self.kv_hook is not None:
+            kf, vf = self.kv_hook(layer, kf, vf, rows)
+        write_rows(self.keys[i], self.values[i], rows, kf, vf)
+        self.have[i, rows] = True
 
     def _fill_batched(self, fl: Tensor) -> None:
         """All late layers at once (:meth:`~ridgefill.adapters.LlamaAdapter.fill_kv`)."""
@@ -383,7 +424,18 @@ class _LateFill:
         """Run the exact rows ``ex`` (sorted ``int64`` ``[E]``) through the late layers; returns their
         output of the last layer ``[batch, E, d]``. Each of ``scorers`` records the attention of its
         last ``scorer.rows`` exact rows (query and reference rows)."""
-        self._write_filled(ex)
+        fl = self._filled(ex)
+        refits = None
+        if self.none or fl.numel() == 0:
+            pass
+        elif self.refit is None:
+            self._write_filled(ex, fl)
+        else:  # first pass: maps refitted on its exact rows (not row 0, the sink), layer by layer below
+            maps, share = self.refit
+            pairs = (ex != 0).nonzero().flatten()
+            alpha = share * fit_count(maps) / pairs.numel()  # each exact row's weight: together ρ·n
+            refits = [PromptRefit(maps, self.h[b, ex[pairs]], alpha) for b in range(self.h.shape[0])]
+            fitted_w, fitted_b = [], []
         n = self.h.shape[1]
         visible = None
         if self.none:
@@ -392,6 +444,11 @@ class _LateFill:
         x, rope_ex = _rows(self.h, ex, 1), self.rope.rows(ex)
         for i, layer in enumerate(self.late):
             x_in = x
+            if refits is not None:
+                fitted = [r.layer(i, x_in[b, pairs]) for b, r in enumerate(refits)]
+                fitted_w.append(torch.stack([f[0] for f in fitted]).to(self.h.dtype))
+                fitted_b.append(torch.stack([f[1] for f in fitted]).to(self.h.dtype))
+                self._write_layer(i, layer, fl, ex, (fitted_w[-1], fitted_b[-1]))
             if not self.attention[i]:  # exact rows continue the recurrent state (filled rows advanced it)
                 x = self.adapter.layer(layer, x, rope_ex, ex, self.state, None)
                 continue
@@ -399,6 +456,9 @@ class _LateFill:
             for scorer in scorers:
                 q = min(scorer.rows, ex.numel())
                 scorer.add(layer, x_in[:, -q:], rope_ex.rows(slice(-q, None)), ex[-q:], self.keys[i], visible)
+        if refits is not None:  # later passes keep these maps (and the filled rows' K/V written from them)
+            self.maps, self.refit = (torch.stack(fitted_w), torch.stack(fitted_b)), None
+            self.refitted = self.maps
         return x
 
     def cache_rows(self, ex: Tensor) -> tuple[list[Tensor], list[Tensor]]:

@@ -62,13 +62,13 @@ def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = 
     if prior is None:
         if cross.shape[1] != d:
             raise InputError(f"the identity prior needs a square cross term; got {tuple(cross.shape)}")
-        prior = torch.eye(d, dtype=F64)
+        prior = torch.eye(d, dtype=F64, device=gram.device)
     elif prior.shape != cross.shape:
         raise InputError(f"prior must have the shape of cross {tuple(cross.shape)}; got {tuple(prior.shape)}")
     prior = prior.to(F64)
     for name, t in (("the Gram matrix G", gram), ("the cross term B", cross), ("the prior W₀", prior)):
         check_finite(t, f"{name} given to solve_ridge", NonFiniteError)
-    eye = torch.eye(d, dtype=F64)
+    eye = torch.eye(d, dtype=F64, device=gram.device)
     factor, info = torch.linalg.cholesky_ex(gram + lam * eye)
     pivots = factor.diagonal().square()
     # singular to working precision: a pivot below d·eps of the largest (condition number > 1/(d·eps))

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..calibrate import special_prefix
-from ..cli import SELECT_HELP, add_calib_set, parse_lam, parse_select
+from ..cli import REFIT_HELP, SELECT_HELP, add_calib_set, parse_lam, parse_refit, parse_select
 from ..errors import InputError
 from ..select import needs_maps
 
@@ -66,6 +66,9 @@ def _select_args(p: argparse.ArgumentParser) -> None:
                    + SELECT_HELP + " (repeatable: one system each)")
     p.add_argument("--select-modes", type=_words, default=["ridge"], help="fill modes run with each --select "
                    "(default ridge; also centred, identity)")
+    p.add_argument("--refit", type=parse_refit, default=0.0, help="also run every ridge system (plain and with "
+                   "--select) with the maps refitted on the exact rows, '<system>+refit': " + REFIT_HELP
+                   + " (default 0: no such systems; the main job uses 4)")
 
 
 def _common(p: argparse.ArgumentParser, json_default: str) -> None:
@@ -364,10 +367,10 @@ def _cmd_needle(a) -> None:
     res = run_needles(model, tok, sentences, lengths=a.lengths, trials=a.trials, variants=a.variants,
                       modes=a.modes, maps_by_split=maps, splits=splits, tail=a.needle_tail, seed=a.seed,
                       chat=a.chat, max_new_tokens=a.max_new_tokens, splices=a.splices, key_scales=scales,
-                      selects=selects, select_modes=a.select_modes, progress=lambda m: _say(a, m))
+                      selects=selects, select_modes=a.select_modes, refit=a.refit, progress=lambda m: _say(a, m))
     report = _header(a, name, model, "needle")
     report.update({"splices": a.splices, "key_scale_tokens": a.key_scale_tokens,
-                   "selects": [str(s) for s in selects], "select_modes": a.select_modes,
+                   "selects": [str(s) for s in selects], "select_modes": a.select_modes, "refit": a.refit,
                    "key_scales": {str(s): v.tolist() for s, v in scales.items()}})
     report["haystack"] = _source(a)
     report.update({"lengths": a.lengths, "trials_per_cell": a.trials, "variants": a.variants, "modes": a.modes,
@@ -391,10 +394,10 @@ def _cmd_loss(a) -> None:
     _check_overlap(a, tok, maps, docs, labels, {})
     recs = score_documents(model, docs, sets, tail=a.tail, window=a.window,
                            variants=fill_variants(model, maps, a.modes, tail=a.tail, selects=selects,
-                                                  select_modes=a.select_modes),
+                                                  select_modes=a.select_modes, refit=a.refit),
                            prefix_tokens=len(special_prefix(tok)), progress=lambda m: _say(a, m))
     report.update({"splits": splits, "modes": a.modes, "document_sets": info, "maps": _maps_meta(maps),
-                   "selects": [str(s) for s in selects], "select_modes": a.select_modes,
+                   "selects": [str(s) for s in selects], "select_modes": a.select_modes, "refit": a.refit,
                    "key_tokens": key_token_stats(recs, a.tau),
                    "summary": summarise(recs, tau=a.tau, resamples=a.resamples, seed=a.seed),
                    "documents": [asdict(r) for r in recs]})
@@ -480,9 +483,9 @@ def _cmd_depth(a) -> None:
     res = run_depth(model, tok, maps, docs=docs, sets=sets, sentences=sentences, tail=a.tail, window=a.window,
                     tau=a.tau, needle_length=a.needle_length, needle_trials=a.needle_trials,
                     needle_tail=a.needle_tail, modes=a.modes, seed=a.seed, chat=a.chat, resamples=a.resamples,
-                    progress=lambda m: _say(a, m), selects=selects, select_modes=a.select_modes)
+                    progress=lambda m: _say(a, m), selects=selects, select_modes=a.select_modes, refit=a.refit)
     report.update({"depths": [str(d) for d in depths], "splits": splits, "modes": a.modes,
-                   "selects": [str(s) for s in selects], "select_modes": a.select_modes,
+                   "selects": [str(s) for s in selects], "select_modes": a.select_modes, "refit": a.refit,
                    "needle_length": a.needle_length, "needle_tail": a.needle_tail, "chat": a.chat,
                    "document_sets": info, "maps": _maps_meta(maps), **res})
     _finish(a, report, t0, "depth.json")

@@ -111,10 +111,11 @@ def run_depth(model: torch.nn.Module, tokenizer, maps_by_split: dict[int, RidgeM
               sentences, tail: int, window: int, tau: float, needle_length: int, needle_trials: int,
               needle_tail: int, modes: Sequence[str] = ("ridge", "identity", "none"), seed: int = 0,
               chat: bool = False, resamples: int = 10000, progress=None, selects: Sequence = (),
-              select_modes: Sequence[str] = ("ridge",)) -> dict:
+              select_modes: Sequence[str] = ("ridge",), refit: float = 0.0) -> dict:
     """The seed's table: key-token (and all/novel) ΔNLL vs exact per split and mode, and filled-region
     single-needle retrieval per split and mode at one context length; ``selects`` (each a
-    :class:`ridgefill.select.Select`) add the systems ``"<S>/<mode>+sel"`` for every mode in ``select_modes``.
+    :class:`ridgefill.select.Select`) add the systems ``"<S>/<mode>+sel"`` for every mode in ``select_modes``;
+    ``refit > 0`` adds every ridge system with the maps refitted on the exact rows (``"+refit"``).
 
     Returns:
         ``{"loss": {...}, "needles": {...}}`` (see :func:`ridgefill.evaluate.loss.summarise` and
@@ -129,7 +130,7 @@ def run_depth(model: torch.nn.Module, tokenizer, maps_by_split: dict[int, RidgeM
     splits = sorted(maps_by_split)
     records = score_documents(model, docs, sets, tail=tail, window=window,
                               variants=fill_variants(model, maps_by_split, modes, tail=tail, selects=selects,
-                                                     select_modes=select_modes),
+                                                     select_modes=select_modes, refit=refit),
                               prefix_tokens=len(special_prefix(tokenizer)), progress=progress)
     loss = {"summary": summarise(records, tau=tau, resamples=resamples, seed=seed),
             "key_tokens": key_token_stats(records, tau), "documents": [asdict(r) for r in records]}
@@ -138,5 +139,5 @@ def run_depth(model: torch.nn.Module, tokenizer, maps_by_split: dict[int, RidgeM
         needles = run_needles(model, tokenizer, sentences, lengths=[needle_length], trials=needle_trials,
                               variants=["single"], modes=["exact", *modes], maps_by_split=maps_by_split,
                               splits=splits, tail=needle_tail, seed=seed, chat=chat, progress=progress,
-                              selects=selects, select_modes=select_modes)
+                              selects=selects, select_modes=select_modes, refit=refit)
     return {"loss": loss, "needles": needles}

@@ -305,10 +305,11 @@ class DocScores:
 
 
 def tail_nll(model: torch.nn.Module, doc: Tensor, *, tail: int, mode: str, maps=None, split: int | None = None,
-             kv_hook=None, select=None) -> tuple[Tensor, Tensor, object]:
+             kv_hook=None, select=None, refit: float = 0.0) -> tuple[Tensor, Tensor, object]:
     """Prefill ``doc[:-1]`` (``N`` rows) with ``mode`` (and row selection ``select``, a
     :class:`ridgefill.select.Select`) and score the exact tail (the last ``T`` rows; rows made exact by
-    selection are not scored, so every system scores the same tokens).
+    selection are not scored, so every system scores the same tokens); ``refit`` is passed to
+    :func:`ridgefill.fill.prefill` (maps refitted on the exact rows).
 
     Returns:
         ``(nll [T] float64 nats, positions [T] int64, PrefillResult)``.
@@ -316,7 +317,7 @@ def tail_nll(model: torch.nn.Module, doc: Tensor, *, tail: int, mode: str, maps=
     device = next(model.parameters()).device
     ids = doc[None, :-1].to(device)
     res = prefill(model, ids, maps, tail=tail, mode=mode, split=split, logits="exact", kv_hook=kv_hook,
-                  select=select)
+                  select=select, refit=refit)
     pos = res.exact_positions[-tail:].cpu()
     return token_nll(res.logits[0, -tail:], doc[pos + 1]), pos, res
 
@@ -351,24 +352,28 @@ def score_documents(model: torch.nn.Module, docs: Sequence[Tensor], sets: Sequen
 
 
 def fill_variants(model: torch.nn.Module, maps_by_split: Mapping[int, object], modes: Sequence[str], *,
-                  tail: int, selects: Sequence = (), select_modes: Sequence[str] = ("ridge",)
+                  tail: int, selects: Sequence = (), select_modes: Sequence[str] = ("ridge",), refit: float = 0.0
                   ) -> dict[str, Callable[[Tensor], Tensor]]:
     """``{"<S>/<mode>": fn(doc, exact) -> nll [T]}`` for every split and fill mode (``ridge`` and
     ``centred`` need maps), then ``"<S>/<mode>+sel"`` (``+sel<i>`` for several) for every
-    :class:`ridgefill.select.Select` in ``selects`` and mode in ``select_modes``."""
+    :class:`ridgefill.select.Select` in ``selects`` and mode in ``select_modes``; with ``refit > 0`` every
+    ridge system again with the maps refitted on the exact rows, ``"<name>+refit"`` (:mod:`ridgefill.refit`)."""
     out = {}
     systems = [(mode, None, "") for mode in modes if mode != "exact"]
     systems += [(mode, sel, "+sel" + (str(i) if len(selects) > 1 else ""))
                 for mode in (select_modes if selects else ()) for i, sel in enumerate(selects)]
+    systems = [(mode, sel, suffix, 0.0) for mode, sel, suffix in systems]
+    if refit > 0:
+        systems += [(mode, sel, suffix + "+refit", refit) for mode, sel, suffix, _ in systems if mode == "ridge"]
     for split, maps in maps_by_split.items():
-        for mode, sel, suffix in systems:
+        for mode, sel, suffix, rf in systems:
             if needs_maps(mode, sel) and maps is None:
                 raise InputError(f"mode {mode!r}" + ("" if needs_maps(mode) else " with a query-agnostic selection")
                                  + f" at split {split} needs maps")
             out[f"{split}/{mode}{suffix}"] = (
-                lambda doc, _exact, s=split, m=mode, mp=maps, sl=sel:
+                lambda doc, _exact, s=split, m=mode, mp=maps, sl=sel, r=rf:
                 tail_nll(model, doc, tail=tail, mode=m, maps=mp if needs_maps(m, sl) else None,
-                         split=s, select=sl)[0])
+                         split=s, select=sl, refit=r)[0])
     return out
 
 
