@@ -72,10 +72,12 @@ def test_eval_commands_and_report(workdir, capsys):
     assert _run(workdir, "eval", "loss", "--splits", "2", "--modes", "ridge", "--select", "budget=8", "--refit", "4",
                 "--json", str(out / "loss-refit.json"), *LOSS) == 0
     refit = json.loads((out / "loss-refit.json").read_text())
-    assert {r["variant"] for r in refit["summary"]} == {"2/ridge", "2/ridge+sel", "2/ridge+refit", "2/ridge+sel+refit"}
+    assert {r["variant"] for r in refit["summary"]} == {"2/ridge", "2/ridge+sel", "2/ridge+block", "2/ridge+refit",
+                                                         "2/ridge+sel+block", "2/ridge+sel+refit"}
     assert refit["refit"] == 4.0
     docs = refit["documents"]
-    assert all(d["fill"]["2/ridge+refit"] != d["fill"]["2/ridge"] for d in docs)  # the refit changes the fill
+    assert all(d["fill"]["2/ridge+refit"] != d["fill"]["2/ridge+block"] for d in docs)  # the refit changes the fill
+    assert all(d["fill"]["2/ridge+block"] != d["fill"]["2/ridge"] for d in docs)  # and so do the block's exact rows
     assert _run(workdir, "eval", "needle", *args[:-2], "--modes", "ridge", "--refit", "4", "--json",
                 str(out / "needle-refit.json")) == 0
     assert {r["system"] for r in json.loads((out / "needle-refit.json").read_text())["scores"]} == {

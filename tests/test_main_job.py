@@ -20,7 +20,7 @@ def report(tmp_path_factory):
 def test_main_job_figures_are_finite_and_plausible(report):
     rep, out = report
     modes = rep["modes"]
-    assert list(modes) == ["exact", "ridge", "ridge+refit", "ridge+sel+refit", "centred", "identity", "none"]
+    assert list(modes) == ["exact", "ridge", "ridge+sel", "centred", "identity", "none"]
     for r in modes.values():
         assert math.isfinite(r["nll"]) and r["prefill_seconds"] > 0 and 0 <= r["agreement"] <= 1
     assert 1.5 < modes["exact"]["nll"] < 6.0  # SmolLM2 on Austen: perplexity ~25 -> ~3.2 nats
@@ -31,10 +31,8 @@ def test_main_job_figures_are_finite_and_plausible(report):
     assert rep["calibration_tokens"] == 8192 and len(rep["lambdas"]) == 30 - 15 - 1
     assert rep["scored_tokens_per_mode"] == 128 and rep["model"].startswith("SmolLM2")
     # selection: a few more exact rows (within the default budget), none for the other systems
-    assert 0 < modes["ridge+sel+refit"]["extra_exact_rows_share"] <= 0.05
-    assert all(modes[m]["extra_exact_rows_share"] == 0 for m in modes if m != "ridge+sel+refit")
-    # the refit on the exact rows changes the fill (a real system, not a copy of ridge)
-    assert modes["ridge+refit"]["nll"] != modes["ridge"]["nll"] and rep["refit"] == 4.0
+    assert 0 < modes["ridge+sel"]["extra_exact_rows_share"] <= 0.05
+    assert all(modes[m]["extra_exact_rows_share"] == 0 for m in modes if m != "ridge+sel")
     assert all(modes[m]["needle_score"] in (0.0, 50.0, 100.0) for m in modes) and rep["needle_trials"] == 2
     assert modes["exact"]["needle_score"] == 100.0  # a 768-token single needle: the exact model finds it
 
@@ -45,7 +43,7 @@ def test_main_job_writes_report_and_maps(report):
     assert on_disk["modes"]["ridge"]["nll"] == rep["modes"]["ridge"]["nll"]
     assert (out / "maps-S15.safetensors").is_file()
     table = format_table(rep)
-    for mode in ("exact", "ridge", "ridge+refit", "ridge+sel+refit", "centred", "identity", "none"):
+    for mode in ("exact", "ridge", "ridge+sel", "centred", "identity", "none"):
         assert mode in table
     assert "needle" in table and "extra rows" in table
 
@@ -71,7 +69,6 @@ def test_cli_errors_exit_2_with_a_clear_message(tmp_path, capsys):
     (["--gen-tokens", "0"], "--gen-tokens 0 must be at least 1"),
     (["--threads", "-1"], "--threads -1 must be at least 1"),
     (["--lam", "-1"], "--lam -1.0 must be 'auto'"),
-    (["--refit", "-1"], "--refit must be a number ≥ 0"),
 ])
 def test_run_rejects_bad_sizes_before_loading_anything(tmp_path, capsys, args, message):
     assert main(["run", "--out", str(tmp_path / "out"), *args]) == 2

@@ -81,7 +81,7 @@ def test_refit_with_a_fractional_weight_solves_the_weighted_normal_equations():
 def test_fit_count_follows_the_lambda_spec_and_refuses_maps_without_statistics():
     stats, _ = random_problem(2)
     fitted = fit_maps(stats, [1.0] * 3)
-    assert fit_count(with_stats(fitted, stats, 1, "auto")) == stats.count
+    assert fit_count(with_stats(fitted, stats, 1, "auto", heldout=40)) == stats.count  # 'auto': fit + held-out
     assert fit_count(with_stats(fitted, stats, 1, "1.0", heldout=40)) == stats.count
     bare = RidgeMaps(1, fitted.weights.float(), fitted.biases.float(), [1.0] * 3, {})
     with pytest.raises(InputError, match="refit needs input maps that store"):
@@ -197,6 +197,9 @@ def test_refit_per_prompt_of_a_batch(llama, maps):
         for layer in range(llama.config.num_hidden_layers):
             for x, y in zip(kv(both.cache, layer), kv(one.cache, layer)):
                 torch.testing.assert_close(x[b:b + 1], y, rtol=0, atol=1e-5)
+    assert (both.refit_maps[0][:, 0] - both.refit_maps[0][:, 1]).abs().max() > 1e-3  # one map per prompt
+    plain = prefill(llama, ids, maps, tail=6, mode="ridge", logits="exact")
+    assert (plain.logits - both.logits).abs().max() > 1e-3
 
 
 def test_refit_makes_filled_rows_depend_on_the_exact_rows_after_them(llama, ids, maps):
@@ -215,12 +218,39 @@ def test_refit_makes_filled_rows_depend_on_the_exact_rows_after_them(llama, ids,
     assert torch.equal(kv(plain_a.cache, S + 2)[0][:, :, :t], kv(plain_b.cache, S + 2)[0][:, :, :t])
 
 
+def test_refit_rows_before_the_scored_rows_keep_them_causal(llama, ids, maps):
+    """Fitted on a block of exact rows before the tail (``refit_rows``), the refit never reads the tail: a change
+    of the tail's tokens leaves every earlier row's K/V as they were, which a loss evaluation needs (without
+    ``refit_rows`` the change reaches the filled rows' K/V)."""
+    block = list(range(72, 88))
+    changed = ids.clone()
+    changed[:, -4:] = (changed[:, -4:] + 7) % 101
+    kw = dict(tail=8, exact_rows=block, mode="ridge", refit=2.0, logits="exact")
+    a = prefill(llama, ids, maps, refit_rows=block, **kw)
+    b = prefill(llama, changed, maps, refit_rows=block, **kw)
+    for layer in range(llama.config.num_hidden_layers):
+        for x, y in zip(kv(a.cache, layer), kv(b.cache, layer)):
+            assert torch.equal(x[:, :, :92], y[:, :, :92])
+    torch.testing.assert_close(a.logits[:, :len(block) + 4], b.logits[:, :len(block) + 4], rtol=0, atol=0)
+    c = prefill(llama, ids, maps, **kw)  # fitted on the block and the tail: the tail reaches row 40
+    d = prefill(llama, changed, maps, **kw)
+    assert not torch.equal(kv(c.cache, S + 2)[0][:, :, :40], kv(d.cache, S + 2)[0][:, :, :40])
+    plain = prefill(llama, ids, maps, tail=8, exact_rows=block, mode="ridge")
+    assert (kv(plain.cache, S + 2)[0][:, :, :40] - kv(a.cache, S + 2)[0][:, :, :40]).abs().max() > 1e-3
+
+
 def test_refit_errors(llama, ids, maps):
     for bad in (-1.0, float("nan"), "1", True):
         with pytest.raises(InputError, match="refit must be a finite number"):
             prefill(llama, ids, maps, tail=8, mode="ridge", refit=bad)
     with pytest.raises(InputError, match="mode 'identity' has none"):
         prefill(llama, ids, maps, tail=8, mode="identity", split=S, refit=1.0)
+    with pytest.raises(InputError, match="refit_rows must be exact rows"):
+        prefill(llama, ids, maps, tail=8, mode="ridge", refit=1.0, refit_rows=[10])  # row 10 is filled
+    with pytest.raises(InputError, match="refit_rows must be exact rows"):
+        prefill(llama, ids, maps, tail=8, mode="ridge", refit_rows=[95])  # without refit
+    with pytest.raises(InputError, match="refit_rows must be exact rows"):
+        prefill(llama, ids, maps, tail=8, exact_rows=[0], mode="ridge", refit=1.0, refit_rows=[0])  # only the sink
     bare = RidgeMaps(S, maps.weights, maps.biases, maps.lambdas, dict(maps.meta))
     with pytest.raises(InputError, match="refit needs input maps that store"):
         prefill(llama, ids, bare, tail=8, mode="ridge", refit=1.0)

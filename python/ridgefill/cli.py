@@ -109,10 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=d.repeats, help=f"timed prefill repeats per mode (default {d.repeats})")
     p.add_argument("--out", default=d.out, help=f"output folder for maps and report.json (default {d.out})")
     p.add_argument("--maps", default=None, help="maps file to reuse, or to create if it does not exist (a file that does not fit the run is an error, never replaced; default <out>/maps-S<split>.safetensors, which is refitted when it does not fit)")
-    p.add_argument("--select", type=parse_select, default=d.select, help=SELECT_HELP + "; the ridge+sel+refit row "
+    p.add_argument("--select", type=parse_select, default=d.select, help=SELECT_HELP + "; the ridge+sel row "
                    "(default 'on')")
-    p.add_argument("--refit", type=parse_refit, default=d.refit, help=REFIT_HELP + f"; the ridge+refit and "
-                   f"ridge+sel+refit rows (default {d.refit:g}; 0: a ridge+sel row without refit instead)")
     p.add_argument("--needle-trials", type=int, default=d.needle_trials,
                    help=f"filled-region single-needle prompts per system (default {d.needle_trials}; 0: no needle column)")
     p.add_argument("--text", nargs="+", action="extend", default=None, metavar="FILE",
@@ -146,8 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", type=int, default=None, help="split for identity/none without maps")
     p.add_argument("--mode", default="ridge", choices=["ridge", "centred", "identity", "none", "exact"])
     p.add_argument("--select", type=parse_select, default=None, help=SELECT_HELP + " (default off)")
-    p.add_argument("--refit", type=parse_refit, default=0.0, help=REFIT_HELP + f" (default 0; the main job uses "
-                   f"{d.refit:g}; needs --mode ridge)")
+    p.add_argument("--refit", type=parse_refit, default=0.0, help=REFIT_HELP + " (default 0; needs --mode ridge)")
     p.add_argument("--max-new-tokens", type=int, default=64)
 
     for module in EXTRA_SUBCOMMANDS:
@@ -163,7 +160,7 @@ def _cmd_run(a) -> None:
     cfg = RunConfig(model=a.model, split=a.split, tail=a.tail, calib_tokens=a.calib_tokens, chunk=a.chunk,
                     lam=a.lam, docs=a.docs, doc_tokens=a.doc_tokens, gen_tokens=a.gen_tokens,
                     repeats=a.repeats, out=a.out, maps=a.maps, threads=a.threads, select=a.select,
-                    refit=a.refit, needle_trials=a.needle_trials, texts=tuple(a.text or ()), calib_set=a.calib_set)
+                    needle_trials=a.needle_trials, texts=tuple(a.text or ()), calib_set=a.calib_set)
     report = run(cfg)
     print(format_table(report))
     print(f"report: {Path(cfg.out) / 'report.json'}   maps: {report['maps_path']}")
@@ -233,6 +230,12 @@ def _cmd_generate(a) -> None:
 
     prompt = _read_text(a.prompt_file)
     maps = attach_stats(load_maps(a.maps), a.maps) if a.maps else None  # stats: means, covariance of older files
+    if a.refit > 0:  # before the model loads: a refit needs ridge input maps with their statistics
+        from .refit import fit_count
+
+        if a.mode != "ridge" or maps is None:
+            raise InputError("--refit refits the ridge maps: use it with --mode ridge and --maps, or --refit 0")
+        fit_count(maps)
     model, tok, _ = load_model(a.model)
     if not prompt.strip():
         raise InputError(f"the prompt file {a.prompt_file!r} is empty: put the prompt text in it")

@@ -70,8 +70,9 @@ class PrefillResult:
         prompt_sha256: :func:`ridgefill.validate.prompt_digest` of its ``input_ids`` (set by :func:`prefill`);
             :func:`generate_after` refuses other ids.
         consumed: set by :func:`generate_after`, which extends ``cache`` in place: a result decodes once.
-        refit_maps: with ``refit``, the refitted maps the filled rows used, ``(weights [L-S-1, batch, d, d],
-            biases [L-S-1, batch, d])`` in the model dtype (one map per prompt of the batch); else ``None``.
+        refit_maps: with ``refit`` (and filled rows), the refitted maps the filled rows used, ``(weights
+            [L-S-1, batch, d, d], biases [L-S-1, batch, d])`` in the model dtype (one map per prompt of the
+            batch; ``(L-S-1)·batch·d²`` values kept with the result); else ``None``.
     """
 
     cache: object
@@ -140,7 +141,8 @@ def _check_finite(x: Tensor, where: str) -> None:
 def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = None, *, tail: int,
             exact_rows: Iterable[int] = (), mode: Mode = "ridge", split: int | None = None,
             logits: Literal["last", "exact"] = "last", kv_hook: KVHook | None = None,
-            fast: bool = True, select: Select | Selection | None = None, refit: float = 0.0) -> PrefillResult:
+            fast: bool = True, select: Select | Selection | None = None, refit: float = 0.0,
+            refit_rows: Iterable[int] | None = None) -> PrefillResult:
     """Prefill ``input_ids`` with RidgeFill (or a baseline) and return the cache and logits.
 
     Args:
@@ -178,8 +180,14 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             are refitted once, in the first pass, on its exact rows (the tail and ``exact_rows``), and the
             later passes keep the filled rows' K/V (refitting again on the chosen rows too and rewriting them
             answered fewer needles at 4K and 8K tokens and costs a second fill: docs/evaluate.md, "Eighth
-            session"). ``0`` (default): the calibration maps; ``ridgefill run`` uses
-            :data:`ridgefill.refit.DEFAULT_REFIT`.
+            session"). ``0`` (default): the calibration maps (docs/evaluate.md measures ``ρ = 4``). The
+            refitted maps depend on every exact row
+            they are fitted on, so a filled row's K/V carry information from those rows to every row after
+            the filled one: to score exact rows of the prompt itself (a loss evaluation), fit on rows before
+            the scored ones only (``refit_rows``), or the scores see tokens after their own position.
+        refit_rows: positions of the exact rows the refit fits on (each must be an exact row of the first
+            pass: the tail or ``exact_rows``; row 0 is always left out); ``None`` (default): every exact
+            row of the first pass.
 
     Returns:
         :class:`PrefillResult`; with ``select`` its ``selected`` holds the chosen rows (also in
@@ -229,7 +237,13 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
                        "rows, in the refit of the maps (0: off)")
     if refit > 0 and mode != "ridge":
         raise InputError(f"refit refits the ridge maps on the exact rows; mode {mode!r} has none: use mode='ridge' "
-                         "or refit=0")
+                         "or refit=0 (--mode ridge or --refit 0)")
+    if refit_rows is not None:
+        refit_rows = torch.as_tensor(check_rows(refit_rows, "refit_rows", n), dtype=torch.long, device=ex.device)
+        refit_rows = refit_rows[refit_rows != 0]
+        if refit <= 0 or refit_rows.numel() == 0 or not torch.isin(refit_rows, ex).all():
+            raise InputError("refit_rows must be exact rows other than row 0 (the tail or exact_rows), given with "
+                             f"refit > 0; got {refit_rows.tolist()} with refit={refit} and exact rows {ex.tolist()}")
     if mode == "exact":
         return _prefill_exact(model, input_ids, ex, logits)
 
@@ -277,7 +291,7 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     kind = maps.kind if mode == "ridge" else "inputs"
     fill = _LateFill(adapter, range(split + 1, L), x, rope, _fill_maps(mode, maps, x), kv_hook,
                      fast and kv_hook is None and kind == "inputs", none=mode == "none", kind=kind, state=state,
-                     refit=(maps, refit) if refit > 0 else None)
+                     refit=(maps, refit, refit_rows) if refit > 0 else None)
     selection = as_selection(select) if select is not None else None
     parts = selection.parts if selection is not None else ()
     taken = [torch.zeros(0, dtype=torch.long, device=device) for _ in parts]  # rows each part chose
@@ -343,14 +357,15 @@ class _LateFill:
     layer, from ``h_S`` through the maps), then runs the exact rows through every late layer, attending
     to the mixed cache. Calling it again with more exact rows (row selection) recomputes only the late
     layers of the exact rows; the rows that became exact overwrite their predicted K/V with exact ones.
-    With ``refit`` (``(maps, ρ)``, :mod:`ridgefill.refit`) the first run refits each layer's map on the
+    With ``refit`` (``(maps, ρ, rows)``, :mod:`ridgefill.refit`; ``rows``: the positions fitted on, or ``None``
+    for every exact row but row 0) the first run refits each layer's map on the
     exact rows' inputs of that layer just before its filled rows write their K/V; later runs keep those
     maps (:attr:`refitted`: ``[late, batch, d, d]`` and ``[late, batch, d]``) and the K/V written from them.
     """
 
     def __init__(self, adapter, late: range, h: Tensor, rope, maps: tuple[Tensor, Tensor] | None,
                  kv_hook: KVHook | None, batched: bool, none: bool, kind: str = "inputs", state=None,
-                 refit: tuple[RidgeMaps, float] | None = None):
+                 refit: tuple[RidgeMaps, float, Tensor | None] | None = None):
         self.adapter, self.late, self.h, self.rope = adapter, late, h, rope
         self.maps, self.kv_hook, self.batched, self.none, self.kind = maps, kv_hook, batched, none, kind
         self.state = state  # recurrent layers' conv and delta-rule states (hybrid models), else None
@@ -431,8 +446,8 @@ class _LateFill:
         elif self.refit is None:
             self._write_filled(ex, fl)
         else:  # first pass: maps refitted on its exact rows (not row 0, the sink), layer by layer below
-            maps, share = self.refit
-            pairs = (ex != 0).nonzero().flatten()
+            maps, share, rows = self.refit
+            pairs = ((ex != 0) if rows is None else torch.isin(ex, rows)).nonzero().flatten()
             alpha = share * fit_count(maps) / pairs.numel()  # each exact row's weight: together ρ·n
             refits = [PromptRefit(maps, self.h[b, ex[pairs]], alpha) for b in range(self.h.shape[0])]
             fitted_w, fitted_b = [], []

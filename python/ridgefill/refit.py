@@ -5,8 +5,8 @@ The exact rows run every late layer, so while the prefill runs, each of them giv
 refitted in closed form on the calibration statistics plus those pairs, each exact row counted ``α``
 times (a weighted ridge; ``α = 0`` is the calibration map itself). ``prefill`` takes the share
 ``ρ = α T / n`` instead (``T`` exact rows, ``n`` calibration rows): the exact rows together weigh ``ρ``
-times the calibration text, whatever their number (measured best near ``ρ = 4`` at ``T = 256`` and
-``1024``, docs/evaluate.md "Eighth session"; :data:`DEFAULT_REFIT`):
+times the calibration text, whatever their number (``ρ = 4`` is what docs/evaluate.md, "Eighth session",
+measures):
 
     W'_l, b'_l = argmin_{W, b} Σ_calib ‖x − hW − b‖² + α Σ_exact ‖x − hW − b‖² + λ_l ‖W − I‖²_F
 
@@ -14,7 +14,8 @@ with the calibration map's own ``λ_l``. This is :func:`ridgefill.ridge.fit_maps
 statistics (the calibration rows and ``α`` copies of each exact row, :meth:`RidgeStats.merged`), so
 the optimality and uniqueness theorems of the fit apply to it unchanged (Lean:
 ``KvaLean.ridge_multi_optimal``, ``KvaLean.fit_maps_optimal``); ``KvaLean.ridge_update`` states the
-update form computed here. It needs no calibration activations: with the calibration Gram
+generic update (a solution of the old normal equations plus a correction solves the merged ones); the
+pooled-centring algebra below is checked by the crossval property ``test_refit_props.py``. It needs no calibration activations: with the calibration Gram
 ``G = n·cov_h`` and the map ``W_l`` solving ``(G + λI)W_l = B_l + λI``, the refitted map is
 
     W'_l = W_l + (G + ΔG + λ_l I)⁻¹ (α H_cᵀ R_c − c·δ r̄ᵀ),    b'_l = x̄' − h̄' W'_l
@@ -43,10 +44,6 @@ from .validate import check_real
 
 F64 = torch.float64
 
-#: The refit share ``ρ`` ``ridgefill run`` uses: the exact rows together weigh 4 times the calibration
-#: rows (measured, docs/evaluate.md "Eighth session": key-token ΔNLL at S = 15 is lowest near it at
-#: 256 and 1,024 exact rows).
-DEFAULT_REFIT = 4.0
 
 
 def fit_count(maps: RidgeMaps) -> int:
@@ -63,7 +60,7 @@ def fit_count(maps: RidgeMaps) -> int:
             or not isinstance(meta.get("calibration_tokens"), int)):
         raise InputError("refit needs input maps that store their calibration means, covariance and token "
                          "counts (a maps file of `ridgefill calibrate --targets inputs`); these maps lack "
-                         "them: refit them with `ridgefill calibrate`, or use refit=0")
+                         "them: refit them with `ridgefill calibrate`, or use refit=0 (--refit 0)")
     total = meta["calibration_tokens"]
     held = meta.get("heldout_tokens", 0) if isinstance(meta.get("heldout_tokens", 0), int) else 0
     return total if meta.get("lambda_spec", "auto") == "auto" else total - held
@@ -89,6 +86,10 @@ class PromptRefit:
             raise InputError("refit weight α must be > 0 (0 means no refit: pass refit=0 to prefill)")
         n = fit_count(maps)
         d = maps.weights.shape[1]
+        if maps.cov_h.dtype not in (torch.float32, F64):
+            raise InputError(f"refit needs the maps' calibration covariance in float32 or float64; these maps hold it "
+                             f"in {maps.cov_h.dtype} (cast by RidgeMaps.to?): load the maps file again, or use refit=0 "
+                             "(--refit 0)")
         if h.ndim != 2 or h.shape[0] < 1 or h.shape[1] != d:
             raise InputError(f"refit needs the exact rows' split states as [rows ≥ 1, {d}]; got {tuple(h.shape)}")
         dev = h.device

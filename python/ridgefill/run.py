@@ -17,12 +17,9 @@ the last ``tail`` rows are exact. Reported per mode:
   spread depths inside the filled rows. The all-token NLL hides what the fill forgets; this column
   shows it.
 
-Systems: every mode of :data:`ridgefill.fill.MODES`; ``ridge+refit``: the ridge fill with the maps
-refitted on the prompt's exact rows (:mod:`ridgefill.refit`, weight :data:`ridgefill.refit.DEFAULT_REFIT`
-per exact row); and ``ridge+sel+refit``, the chosen configuration: that refit plus the default
-query-aware row selection (:data:`ridgefill.select.DEFAULT_SELECT`), which makes a few more rows exact
-(reported as ``extra rows``, a share of the prompt). With ``refit=0`` the last is ``ridge+sel`` (no refit)
-and ``ridge+refit`` is left out.
+Systems: every mode of :data:`ridgefill.fill.MODES`, plus ``ridge+sel``: the ridge fill with the
+default query-aware row selection (:data:`ridgefill.select.DEFAULT_SELECT`), which makes a few more rows
+exact (reported as ``extra rows``, a share of the prompt).
 """
 
 from __future__ import annotations
@@ -46,7 +43,6 @@ from .fileio import write_json
 from .fill import MODES, generate_after, prefill
 from .select import DEFAULT_SELECT, Select, Selection, check_leverage_stats
 from .maps import RidgeMaps, attach_stats, load_maps
-from .refit import DEFAULT_REFIT, fit_count
 from .overlap import calibration_label, check_disjoint, maps_fingerprint
 from .usertext import read_text_files
 
@@ -73,7 +69,6 @@ class RunConfig:
     select: Select | Selection | None = DEFAULT_SELECT
     needle_trials: int = 4
     needle_tail: int = 64
-    refit: float = DEFAULT_REFIT  # weight per exact row of the refit (ridgefill.refit); 0: no refit systems
     texts: tuple[str, ...] = ()  # evaluation text files (--text); empty: the bundled evaluation novels
     #: the shipped calibration set maps are fitted on (:func:`ridgefill.assets.calibration_texts`); ``None``:
     #: the default set, and a ``maps`` file the user names is used whatever text it was fitted on
@@ -85,15 +80,13 @@ class RunConfig:
 
         return self.calib_set or DEFAULT_CALIBRATION_SET
 
-    def systems(self) -> list[tuple[str, str, Select | Selection | None, float]]:
-        """``(name, mode, select, refit)`` of every system the job compares: the modes, with
-        ``ridge+refit`` and ``ridge+sel+refit`` (``ridge+sel`` when :attr:`refit` is 0) after ``ridge``."""
-        out = [(m, m, None, 0.0) for m in self.modes]
-        extra = [("ridge+refit", "ridge", None, self.refit)] if self.refit > 0 else []
+    def systems(self) -> list[tuple[str, str, Select | Selection | None]]:
+        """``(name, mode, select)`` of every system the job compares: the modes, then ``ridge+sel``."""
+        out = [(m, m, None) for m in self.modes]
         if self.select is not None:
-            extra.append(("ridge+sel" + ("+refit" if self.refit > 0 else ""), "ridge", self.select, self.refit))
-        at = out.index(("ridge", "ridge", None, 0.0)) + 1 if "ridge" in self.modes else len(out)
-        return out[:at] + extra + out[at:]
+            out.insert(out.index(("ridge", "ridge", None)) + 1 if "ridge" in self.modes else len(out),
+                       ("ridge+sel", "ridge", self.select))
+        return out
 
 
 def evaluation_documents(tokenizer, texts: dict[str, str], docs: int, doc_tokens: int) -> list[torch.Tensor]:
@@ -147,9 +140,9 @@ def exact_row_nll(logits: torch.Tensor, doc: torch.Tensor, positions: torch.Tens
     return -logp.gather(1, targets[:, None])[:, 0]
 
 
-def _timed_prefill(model, ids, maps, mode, tail, split, select=None, refit=0.0) -> float:
+def _timed_prefill(model, ids, maps, mode, tail, split, select=None) -> float:
     t0 = time.perf_counter()
-    prefill(model, ids, maps, tail=tail, mode=mode, split=split, select=select, refit=refit)
+    prefill(model, ids, maps, tail=tail, mode=mode, split=split, select=select)
     return time.perf_counter() - t0
 
 
@@ -274,9 +267,6 @@ def check_config(cfg: RunConfig) -> None:
                          f"{', '.join(CALIBRATION_SETS)}")
     if cfg.tail >= cfg.doc_tokens:
         raise InputError(f"--tail {cfg.tail} must be shorter than --doc-tokens {cfg.doc_tokens}")
-    if not (isinstance(cfg.refit, (int, float)) and not isinstance(cfg.refit, bool) and math.isfinite(cfg.refit)
-            and cfg.refit >= 0):
-        raise InputError(f"--refit {cfg.refit!r} must be a finite number ≥ 0 (0: no refit systems)")
 
 
 def run(cfg: RunConfig, progress: bool = True) -> dict:
@@ -309,12 +299,10 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
     maps, maps_path, fresh = get_maps(model, tok, model_name, cfg, progress)
     calib_s = time.perf_counter() - t0
     check_leverage_stats(cfg.select, maps)  # before any evaluation, not at the ridge+sel system
-    if cfg.refit > 0:
-        fit_count(maps)  # the refit needs the maps' calibration statistics: fail before any evaluation
     check_evaluation_text(maps, tok, docs, labels, eval_texts if cfg.needle_trials else {},
                           user_text=bool(cfg.texts))
     systems = cfg.systems()
-    names = [name for name, *_ in systems]
+    names = [name for name, _, _ in systems]
     nll = {m: [] for m in names}
     agree = {m: [] for m in names}
     prefix = {m: [] for m in names}
@@ -325,9 +313,8 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
     for doc in docs:
         ids = doc[None, :-1]
         conts = {}
-        for name, mode, sel, rf in systems:
-            res = prefill(model, ids, maps, tail=cfg.tail, mode=mode, split=cfg.split, logits="exact", select=sel,
-                          refit=rf)
+        for name, mode, sel in systems:
+            res = prefill(model, ids, maps, tail=cfg.tail, mode=mode, split=cfg.split, logits="exact", select=sel)
             # scored on the tail rows only: the same tokens for every system (selection adds exact rows)
             nll[name].append(exact_row_nll(res.logits[:, -cfg.tail:], doc, res.exact_positions[-cfg.tail:]))
             if res.selected is not None:
@@ -341,12 +328,12 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
     needle = _needle_column(model, tok, maps, cfg, systems, eval_texts, bar)
     # timing: warm-up, then repeats with every system interleaved, on the first document
     ids = docs[0][None, :-1]
-    for _, mode, sel, rf in systems:
-        _timed_prefill(model, ids, maps, mode, cfg.tail, cfg.split, sel, rf)
+    for _, mode, sel in systems:
+        _timed_prefill(model, ids, maps, mode, cfg.tail, cfg.split, sel)
     bar.update()
     for _ in range(cfg.repeats):
-        for name, mode, sel, rf in systems:
-            times[name].append(_timed_prefill(model, ids, maps, mode, cfg.tail, cfg.split, sel, rf))
+        for name, mode, sel in systems:
+            times[name].append(_timed_prefill(model, ids, maps, mode, cfg.tail, cfg.split, sel))
         bar.update()
     bar.close()
 
@@ -379,8 +366,7 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
         "lambdas": maps.lambdas, "heldout_rel_error": maps.meta.get("heldout_rel_error"),
         "heldout_rel_error_identity": maps.meta.get("heldout_rel_error_identity"),
         "text_sha256": maps.meta.get("text_sha256"), "modes": per_mode,
-        "select": None if cfg.select is None else str(cfg.select), "refit": cfg.refit,
-        "needle_trials": cfg.needle_trials,
+        "select": None if cfg.select is None else str(cfg.select), "needle_trials": cfg.needle_trials,
         "needle_tail": cfg.needle_tail,
         "threads": torch.get_num_threads(), "machine": platform.machine(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
@@ -399,13 +385,13 @@ def _needle_column(model, tok, maps, cfg: RunConfig, systems, texts, bar) -> dic
     if cfg.needle_trials == 0:
         return {}
     sentences = haystack_sentences(texts)
-    hits = {name: 0 for name, *_ in systems}
+    hits = {name: 0 for name, _, _ in systems}
     for t in range(cfg.needle_trials):
         case = make_case(tok, sentences, length=cfg.doc_tokens, tail=cfg.needle_tail, variant="single",
                          rng=case_rng(cfg.seed, "single", cfg.doc_tokens, t),
                          depth=case_depth("single", t, cfg.needle_trials))
-        for name, mode, sel, rf in systems:
-            ans = answer_case(model, tok, case, mode=mode, maps=maps, split=cfg.split, select=sel, refit=rf)
+        for name, mode, sel in systems:
+            ans = answer_case(model, tok, case, mode=mode, maps=maps, split=cfg.split, select=sel)
             hits[name] += score_answer(ans, case.answer) > 0
         bar.update()
     return {name: 100.0 * h / cfg.needle_trials for name, h in hits.items()}
@@ -418,21 +404,19 @@ def format_table(report: dict) -> str:
              f"calibration={report['calibration_tokens']} tokens  λ={report['lambda_spec']}",
              f"maps calibrated on: {report.get('calibrated_on', 'unrecorded text')}",
              "evaluated on: " + ", ".join(t["name"] for t in report.get("evaluation_texts", [])),
-             f"{'mode':<16}{'NLL':>8}{'ΔNLL':>9}{'agree':>8}{'prefix':>8}{'prefill s':>11}{'exact/mode':>12}"
+             f"{'mode':<10}{'NLL':>8}{'ΔNLL':>9}{'agree':>8}{'prefix':>8}{'prefill s':>11}{'exact/mode':>12}"
              f"{'extra rows':>12}{'needle':>8}"]
     for mode, r in report["modes"].items():
         ratio = "" if r["ratio_exact_over_mode"] is None else f"{r['ratio_exact_over_mode']:.2f}x"
         needle = "" if r.get("needle_score") is None else f"{r['needle_score']:.0f}%"
-        lines.append(f"{mode:<16}{r['nll']:>8.3f}{r['delta_nll']:>+9.3f}{r['agreement']:>8.2f}"
+        lines.append(f"{mode:<10}{r['nll']:>8.3f}{r['delta_nll']:>+9.3f}{r['agreement']:>8.2f}"
                      f"{statistics.fmean(r['common_prefix_tokens']):>8.1f}{r['prefill_seconds']:>11.3f}{ratio:>12}"
                      f"{100 * r.get('extra_exact_rows_share', 0.0):>11.1f}%{needle:>8}")
     lines.append("NLL, ΔNLL: nats/token over the tail rows; agree: greedy tokens equal to exact's; prefix: "
                  "mean common-prefix length; exact/mode: median ratio of interleaved prefill times; extra rows: "
-                 "rows made exact by selection, share of the prompt"
-                 + (f"; +refit: maps refitted on the exact rows, weight {report['refit']:g} each"
-                    if report.get("refit") else ""))
+                 "rows made exact by selection, share of the prompt")
     if report.get("needle_trials"):
         lines.append(f"needle: filled-region single needles answered, of {report['needle_trials']} prompts of "
                      f"{report['doc_tokens']} tokens with a {report.get('needle_tail')}-row exact tail"
-                     + (f"; +sel: {report['select']}" if report.get("select") else ""))
+                     + (f"; ridge+sel: {report['select']}" if report.get("select") else ""))
     return "\n".join(lines)

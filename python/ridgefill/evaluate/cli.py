@@ -68,7 +68,9 @@ def _select_args(p: argparse.ArgumentParser) -> None:
                    "(default ridge; also centred, identity)")
     p.add_argument("--refit", type=parse_refit, default=0.0, help="also run every ridge system (plain and with "
                    "--select) with the maps refitted on the exact rows, '<system>+refit': " + REFIT_HELP
-                   + " (default 0: no such systems; the main job uses 4)")
+                   + " (default 0: no such systems; docs/evaluate.md measures 4). eval loss and depth score "
+                   "the refit fairly: '<system>+block' makes the --tail rows before the scored tail exact, and "
+                   "'<system>+refit' refits on that block only, never on the scored rows")
 
 
 def _common(p: argparse.ArgumentParser, json_default: str) -> None:

@@ -305,19 +305,26 @@ class DocScores:
 
 
 def tail_nll(model: torch.nn.Module, doc: Tensor, *, tail: int, mode: str, maps=None, split: int | None = None,
-             kv_hook=None, select=None, refit: float = 0.0) -> tuple[Tensor, Tensor, object]:
+             kv_hook=None, select=None, refit: float = 0.0, block: bool = False) -> tuple[Tensor, Tensor, object]:
     """Prefill ``doc[:-1]`` (``N`` rows) with ``mode`` (and row selection ``select``, a
     :class:`ridgefill.select.Select`) and score the exact tail (the last ``T`` rows; rows made exact by
-    selection are not scored, so every system scores the same tokens); ``refit`` is passed to
-    :func:`ridgefill.fill.prefill` (maps refitted on the exact rows).
+    selection are not scored, so every system scores the same tokens). ``block``: the ``T`` rows before the
+    tail are exact too (not scored); with ``refit > 0`` the maps are refitted on that block only
+    (:func:`ridgefill.fill.prefill` ``refit_rows``), never on the scored rows, whose tokens the refit would
+    otherwise carry into the filled rows' K/V that earlier scored rows read.
 
     Returns:
         ``(nll [T] float64 nats, positions [T] int64, PrefillResult)``.
     """
     device = next(model.parameters()).device
     ids = doc[None, :-1].to(device)
+    n = ids.shape[1]
+    if (block or refit > 0) and n < 2 * tail + 1:
+        raise InputError(f"the refit systems make the {tail} rows before the scored tail exact: documents need "
+                         f"at least {2 * tail + 2} tokens, got {n + 1}; lower --tail or raise --doc-tokens")
+    rows = range(n - 2 * tail, n - tail) if (block or refit > 0) else ()
     res = prefill(model, ids, maps, tail=tail, mode=mode, split=split, logits="exact", kv_hook=kv_hook,
-                  select=select, refit=refit)
+                  select=select, exact_rows=rows, refit=refit, refit_rows=rows if refit > 0 else None)
     pos = res.exact_positions[-tail:].cpu()
     return token_nll(res.logits[0, -tail:], doc[pos + 1]), pos, res
 
@@ -357,23 +364,26 @@ def fill_variants(model: torch.nn.Module, maps_by_split: Mapping[int, object], m
     """``{"<S>/<mode>": fn(doc, exact) -> nll [T]}`` for every split and fill mode (``ridge`` and
     ``centred`` need maps), then ``"<S>/<mode>+sel"`` (``+sel<i>`` for several) for every
     :class:`ridgefill.select.Select` in ``selects`` and mode in ``select_modes``; with ``refit > 0`` every
-    ridge system again with the maps refitted on the exact rows, ``"<name>+refit"`` (:mod:`ridgefill.refit`)."""
+    ridge system twice more, with the ``T`` rows before the scored tail exact: ``"<name>+block"`` (no refit,
+    the fair baseline) and ``"<name>+refit"`` (the maps refitted on that block, :mod:`ridgefill.refit`; never
+    on the scored rows, see :func:`tail_nll`)."""
     out = {}
     systems = [(mode, None, "") for mode in modes if mode != "exact"]
     systems += [(mode, sel, "+sel" + (str(i) if len(selects) > 1 else ""))
                 for mode in (select_modes if selects else ()) for i, sel in enumerate(selects)]
-    systems = [(mode, sel, suffix, 0.0) for mode, sel, suffix in systems]
+    systems = [(mode, sel, suffix, 0.0, False) for mode, sel, suffix in systems]
     if refit > 0:
-        systems += [(mode, sel, suffix + "+refit", refit) for mode, sel, suffix, _ in systems if mode == "ridge"]
+        systems += [(mode, sel, suffix + extra, rf, True) for mode, sel, suffix, _, _ in systems if mode == "ridge"
+                    for extra, rf in (("+block", 0.0), ("+refit", refit))]
     for split, maps in maps_by_split.items():
-        for mode, sel, suffix, rf in systems:
+        for mode, sel, suffix, rf, blk in systems:
             if needs_maps(mode, sel) and maps is None:
                 raise InputError(f"mode {mode!r}" + ("" if needs_maps(mode) else " with a query-agnostic selection")
                                  + f" at split {split} needs maps")
             out[f"{split}/{mode}{suffix}"] = (
-                lambda doc, _exact, s=split, m=mode, mp=maps, sl=sel, r=rf:
+                lambda doc, _exact, s=split, m=mode, mp=maps, sl=sel, r=rf, b=blk:
                 tail_nll(model, doc, tail=tail, mode=m, maps=mp if needs_maps(m, sl) else None,
-                         split=s, select=sl, refit=r)[0])
+                         split=s, select=sl, refit=r, block=b)[0])
     return out
 
 
