@@ -31,6 +31,16 @@ LOSS = ["--docs", "2", "--novel-docs", "2", "--doc-tokens", "200", "--tail", "32
         "--resamples", "200"]
 
 
+def test_eval_refit_refuses_short_documents_and_runs_without_ridge(workdir, capsys):
+    """--refit fits on the --tail rows before the scored tail: documents too short for that block, or no ridge
+    system to refit, are refused with the fix named."""
+    assert _run(workdir, "eval", "loss", "--splits", "2", "--modes", "ridge", "--refit", "4", "--docs", "1",
+                "--novel-docs", "0", "--doc-tokens", "40", "--tail", "32") == 2
+    assert "--doc-tokens must be at least 2·tail + 1 = 65" in capsys.readouterr().err
+    assert _run(workdir, "eval", "loss", "--splits", "2", "--modes", "identity", "--refit", "4", *LOSS) == 2
+    assert "--refit refits the ridge maps: include ridge in --modes" in capsys.readouterr().err
+
+
 def test_eval_commands_and_report(workdir, capsys):
     out = workdir / "out"
     assert _run(workdir, "eval", "loss", "--splits", "2", *LOSS) == 0

@@ -245,12 +245,12 @@ def test_refit_errors(llama, ids, maps):
             prefill(llama, ids, maps, tail=8, mode="ridge", refit=bad)
     with pytest.raises(InputError, match="mode 'identity' has none"):
         prefill(llama, ids, maps, tail=8, mode="identity", split=S, refit=1.0)
-    with pytest.raises(InputError, match="refit_rows must be exact rows"):
-        prefill(llama, ids, maps, tail=8, mode="ridge", refit=1.0, refit_rows=[10])  # row 10 is filled
-    with pytest.raises(InputError, match="refit_rows must be exact rows"):
-        prefill(llama, ids, maps, tail=8, mode="ridge", refit_rows=[95])  # without refit
-    with pytest.raises(InputError, match="refit_rows must be exact rows"):
-        prefill(llama, ids, maps, tail=8, exact_rows=[0], mode="ridge", refit=1.0, refit_rows=[0])  # only the sink
+    with pytest.raises(InputError, match=r"rows \[10\] are filled rows"):
+        prefill(llama, ids, maps, tail=8, mode="ridge", refit=1.0, refit_rows=[10, 95])
+    with pytest.raises(InputError, match="given without refit"):
+        prefill(llama, ids, maps, tail=8, mode="ridge", refit_rows=[95])
+    with pytest.raises(InputError, match=r"other than row 0 .*got \[0\]"):
+        prefill(llama, ids, maps, tail=8, exact_rows=[0], mode="ridge", refit=1.0, refit_rows=[0])
     bare = RidgeMaps(S, maps.weights, maps.biases, maps.lambdas, dict(maps.meta))
     with pytest.raises(InputError, match="refit needs input maps that store"):
         prefill(llama, ids, bare, tail=8, mode="ridge", refit=1.0)

@@ -177,7 +177,8 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             rows together weighing ``ρ`` times the ``n`` calibration rows (each counted ``α = ρ n / T``
             times; :mod:`ridgefill.refit`; row 0, the attention sink, is left out of the pairs). Mode
             ``"ridge"`` with input maps that store their calibration statistics. With ``select`` the maps
-            are refitted once, in the first pass, on its exact rows (the tail and ``exact_rows``), and the
+            are refitted once, in the first pass, on its exact rows (the tail, ``exact_rows`` and rows chosen
+            up front by leverage; or ``refit_rows``), and the
             later passes keep the filled rows' K/V (refitting again on the chosen rows too and rewriting them
             answered fewer needles at 4K and 8K tokens and costs a second fill: docs/evaluate.md, "Eighth
             session"). ``0`` (default): the calibration maps (docs/evaluate.md measures ``ρ = 4``). The
@@ -185,9 +186,8 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             they are fitted on, so a filled row's K/V carry information from those rows to every row after
             the filled one: to score exact rows of the prompt itself (a loss evaluation), fit on rows before
             the scored ones only (``refit_rows``), or the scores see tokens after their own position.
-        refit_rows: positions of the exact rows the refit fits on (each must be an exact row of the first
-            pass: the tail or ``exact_rows``; row 0 is always left out); ``None`` (default): every exact
-            row of the first pass.
+        refit_rows: positions of the rows the refit fits on, each in the tail or ``exact_rows`` (row 0 is
+            always left out); ``None`` (default): every exact row of the first pass.
 
     Returns:
         :class:`PrefillResult`; with ``select`` its ``selected`` holds the chosen rows (also in
@@ -239,11 +239,19 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         raise InputError(f"refit refits the ridge maps on the exact rows; mode {mode!r} has none: use mode='ridge' "
                          "or refit=0 (--mode ridge or --refit 0)")
     if refit_rows is not None:
-        refit_rows = torch.as_tensor(check_rows(refit_rows, "refit_rows", n), dtype=torch.long, device=ex.device)
+        given = check_rows(refit_rows, "refit_rows", n)
+        refit_rows = torch.as_tensor(given, dtype=torch.long, device=ex.device)
         refit_rows = refit_rows[refit_rows != 0]
-        if refit <= 0 or refit_rows.numel() == 0 or not torch.isin(refit_rows, ex).all():
-            raise InputError("refit_rows must be exact rows other than row 0 (the tail or exact_rows), given with "
-                             f"refit > 0; got {refit_rows.tolist()} with refit={refit} and exact rows {ex.tolist()}")
+        shown = given if len(given) <= 12 else given[:12] + ["..."]
+        if refit <= 0:
+            raise InputError(f"refit_rows {shown} were given without refit: pass refit > 0, or leave refit_rows out")
+        if refit_rows.numel() == 0:
+            raise InputError("refit_rows must hold exact rows other than row 0 (the sink is never fitted on); got "
+                             f"{shown}")
+        if not torch.isin(refit_rows, ex).all():
+            bad = refit_rows[~torch.isin(refit_rows, ex)].tolist()[:12]
+            raise InputError(f"refit_rows must be exact rows (the tail or exact_rows); rows {bad} are filled rows: "
+                             "add them to exact_rows or leave them out")
     if mode == "exact":
         return _prefill_exact(model, input_ids, ex, logits)
 

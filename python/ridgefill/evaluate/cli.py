@@ -202,6 +202,21 @@ def _splits(a, model) -> list[int]:
     return splits
 
 
+def _check_refit(a, selects, maps) -> None:
+    """``--refit``: a ridge system to refit, and maps holding the statistics a refit needs (before any
+    document is scored). Raises :class:`InputError`."""
+    if getattr(a, "refit", 0) <= 0:
+        return
+    from ..refit import fit_count
+
+    if "ridge" not in a.modes and not ("ridge" in a.select_modes and selects):
+        raise InputError("--refit refits the ridge maps: include ridge in --modes (or in --select-modes with a "
+                         "--select), or leave --refit out")
+    for m in maps.values():
+        if m is not None:
+            fit_count(m)
+
+
 def _needs_maps(a, selects) -> bool:
     """Whether any system of the command (``--modes``, and ``--select-modes`` with each ``--select``) needs maps."""
     return any(needs_maps(m) for m in a.modes) or any(needs_maps(m, s) for m in a.select_modes for s in selects)
@@ -288,6 +303,9 @@ def _documents(a, tok):
 
     if a.tail >= a.doc_tokens:
         raise InputError(f"--tail {a.tail} must be shorter than --doc-tokens {a.doc_tokens}")
+    if getattr(a, "refit", 0) > 0 and a.doc_tokens < 2 * a.tail + 1:
+        raise InputError(f"--refit makes the --tail {a.tail} rows before the scored tail exact and fits on them: "
+                         f"--doc-tokens must be at least 2·tail + 1 = {2 * a.tail + 1}; got {a.doc_tokens}")
     if a.docs < 0 or a.novel_docs < 0 or a.docs + a.novel_docs == 0:
         raise InputError("give at least one document (--docs and/or --novel-docs)")
     texts = _eval_texts(a)
@@ -362,6 +380,7 @@ def _cmd_needle(a) -> None:
     model, tok, name = _setup(a)
     splits = _splits(a, model)
     maps = _maps(a, model, tok, name, splits, _needs_maps(a, selects) or a.splices or a.key_scale_tokens)
+    _check_refit(a, selects, maps)
     scales = _key_scales(a, model, tok, maps, splits) if a.key_scale_tokens else {}
     texts = _eval_texts(a)
     _check_overlap(a, tok, maps, [], [], texts)
@@ -393,6 +412,7 @@ def _cmd_loss(a) -> None:
     docs, sets, labels, info = _documents(a, tok)
     selects = [s for s in a.select if s is not None]
     maps = _maps(a, model, tok, name, splits, _needs_maps(a, selects))
+    _check_refit(a, selects, maps)
     _check_overlap(a, tok, maps, docs, labels, {})
     recs = score_documents(model, docs, sets, tail=a.tail, window=a.window,
                            variants=fill_variants(model, maps, a.modes, tail=a.tail, selects=selects,
@@ -479,6 +499,7 @@ def _cmd_depth(a) -> None:
     docs, sets, labels, info = _documents(a, tok)
     selects = [s for s in a.select if s is not None]
     maps = _maps(a, model, tok, name, splits, _needs_maps(a, selects))
+    _check_refit(a, selects, maps)
     texts = _eval_texts(a) if a.needle_trials else {}
     _check_overlap(a, tok, maps, docs, labels, texts)
     sentences = haystack_sentences(texts) if a.needle_trials else []

@@ -115,7 +115,9 @@ def run_depth(model: torch.nn.Module, tokenizer, maps_by_split: dict[int, RidgeM
     """The seed's table: key-token (and all/novel) ΔNLL vs exact per split and mode, and filled-region
     single-needle retrieval per split and mode at one context length; ``selects`` (each a
     :class:`ridgefill.select.Select`) add the systems ``"<S>/<mode>+sel"`` for every mode in ``select_modes``;
-    ``refit > 0`` adds every ridge system with the maps refitted on the exact rows (``"+refit"``).
+    ``refit > 0`` adds, for the loss, every ridge system with the ``tail`` rows before the scored tail exact
+    (``"+block"``) and refitted on that block (``"+refit"``), and for the needles every ridge system refitted
+    on the exact rows (``"+refit"``; the answer follows the prompt) (:mod:`ridgefill.refit`).
 
     Returns:
         ``{"loss": {...}, "needles": {...}}`` (see :func:`ridgefill.evaluate.loss.summarise` and
