@@ -11,6 +11,7 @@ from ridgefill.refit import PromptRefit, fit_count
 from ridgefill.ridge import RidgeStats, fit_maps
 from ridgefill.select import Select
 from conftest import oracle_maps, reference, tiny_llama
+from test_select import ids, llama  # noqa: F401 (the tiny model and prompt of the selection tests)
 
 S = 2
 F64 = torch.float64
@@ -88,16 +89,6 @@ def test_fit_count_follows_the_lambda_spec_and_refuses_maps_without_statistics()
         fit_count(bare)
     with pytest.raises(InputError, match="refit weight α must be > 0"):
         PromptRefit(with_stats(fitted, stats, 1), torch.zeros(2, 8), 0.0)
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return tiny_llama(seed=4, hidden=64)
-
-
-@pytest.fixture(scope="module")
-def ids():
-    return torch.randint(0, 101, (1, 96), generator=torch.Generator().manual_seed(7))
 
 
 @pytest.fixture(scope="module")
