@@ -178,14 +178,14 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             times; :mod:`ridgefill.refit`; row 0, the attention sink, is left out of the pairs). Mode
             ``"ridge"`` with input maps that store their calibration statistics. With ``select`` the maps
             are refitted once, in the first pass, on its exact rows (the tail, ``exact_rows`` and rows chosen
-            up front by leverage; or ``refit_rows``), and the
-            later passes keep the filled rows' K/V (refitting again on the chosen rows too and rewriting them
-            answered fewer needles at 4K and 8K tokens and costs a second fill: docs/evaluate.md, "Eighth
-            session"). ``0`` (default): the calibration maps (docs/evaluate.md measures ``ρ = 4``). The
-            refitted maps depend on every exact row
-            they are fitted on, so a filled row's K/V carry information from those rows to every row after
-            the filled one: to score exact rows of the prompt itself (a loss evaluation), fit on rows before
-            the scored ones only (``refit_rows``), or the scores see tokens after their own position.
+            up front by leverage; or ``refit_rows``), and the later passes keep the filled rows' K/V
+            (refitting again on the chosen rows too and rewriting them answered fewer needles at 4K and 8K
+            tokens and costs a second fill: docs/evaluate.md, "Eighth session"). ``0`` (default): the
+            calibration maps (docs/evaluate.md measures ``ρ = 4``; it answers more needles at 8K with
+            selection and costs loss, so it is not a default). The refitted maps depend on every row they
+            are fitted on, so a filled row's K/V carry information from those rows to every row after the
+            filled one: to score exact rows of the prompt itself (a loss evaluation), fit on rows before the
+            scored ones only (``refit_rows``), or the scores see tokens after their own position.
         refit_rows: positions of the rows the refit fits on, each in the tail or ``exact_rows`` (row 0 is
             always left out); ``None`` (default): every exact row of the first pass.
 
