@@ -15,8 +15,9 @@ statistics (the calibration rows and ``α`` copies of each exact row, :meth:`Rid
 the optimality and uniqueness theorems of the fit apply to it unchanged (Lean:
 ``KvaLean.ridge_multi_optimal``, ``KvaLean.fit_maps_optimal``); ``KvaLean.ridge_update`` states the
 generic update (a solution of the old normal equations plus a correction solves the merged ones); the
-pooled-centring algebra below is checked by the crossval property ``test_refit_props.py``. It needs no calibration activations: with the calibration Gram
-``G = n·cov_h`` and the map ``W_l`` solving ``(G + λI)W_l = B_l + λI``, the refitted map is
+pooled-centring algebra below is checked by the crossval property ``test_refit_props.py``. It needs no
+calibration activations: with the calibration Gram ``G = n·cov_h`` and the map ``W_l`` solving
+``(G + λI)W_l = B_l + λI``, the refitted map is
 
     W'_l = W_l + (G + ΔG + λ_l I)⁻¹ (α H_cᵀ R_c − c·δ r̄ᵀ),    b'_l = x̄' − h̄' W'_l
 
@@ -43,7 +44,6 @@ from .ridge import solve_ridge
 from .validate import check_real
 
 F64 = torch.float64
-
 
 
 def fit_count(maps: RidgeMaps) -> int:

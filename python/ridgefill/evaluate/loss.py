@@ -319,11 +319,12 @@ def tail_nll(model: torch.nn.Module, doc: Tensor, *, tail: int, mode: str, maps=
     device = next(model.parameters()).device
     ids = doc[None, :-1].to(device)
     n = ids.shape[1]
-    if (block or refit > 0) and n < 2 * tail + 1:
+    block = block or refit > 0  # a refit always fits on the block before the scored tail
+    if block and n < 2 * tail + 1:
         raise InputError(f"the refit systems make the {tail} rows before the scored tail exact: the prompt needs "
                          f"at least 2·tail + 1 = {2 * tail + 1} rows (--doc-tokens), got {n}; lower --tail or raise "
                          "--doc-tokens")
-    rows = range(n - 2 * tail, n - tail) if (block or refit > 0) else ()
+    rows = range(n - 2 * tail, n - tail) if block else ()
     res = prefill(model, ids, maps, tail=tail, mode=mode, split=split, logits="exact", kv_hook=kv_hook,
                   select=select, exact_rows=rows, refit=refit, refit_rows=rows if refit > 0 else None)
     pos = res.exact_positions[-tail:].cpu()
