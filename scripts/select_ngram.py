@@ -1,11 +1,12 @@
 """Research script (docs/evaluate.md, "Ninth session"): exact rows chosen by n-gram match with the exact tail.
 
 Runs the ``ridgefill`` CLI with every prefill that has a selection (``--select ...``) replaced by a lexical
-rule, in one pass: a filled row that ends a sequence of ``n`` tokens (``n`` in ``--ngram-n``) also found in
-the exact tail scores the sum, over those sequences, of ``1 / (their count in the prompt)``; row 0 and
-windows of ``--ngram-before`` rows before and ``--ngram-after`` after the best rows are made exact, up to the
-selection's budget. Rows with no match are never chosen. Not shipped as a ``select`` option: it keeps
-multikey needles but loses single needles and key tokens (the section's tables).
+rule, in one pass: a filled row that ends a sequence of ``n`` tokens (``n`` in ``--ngram-n``) that also ends
+at a tail row (it may start before the tail) scores the sum, over those sequences, of ``1 / (their count in
+the prompt)``; row 0 and windows of ``--ngram-before`` rows before and ``--ngram-after`` after the best rows
+are made exact, up to the selection's budget. Only rows with a match anchor a window; with no match the
+budget is left unspent. Not shipped as a ``select`` option: it keeps multikey needles but loses single
+needles at 1K-4K (the section's tables).
 
     python scripts/select_ngram.py --ngram-before 4 --ngram-after 16 eval needle --out DIR --lengths 1k \\
         --trials 16 --variants multikey --modes '' --select attention --json F
@@ -24,7 +25,11 @@ import ridgefill.fill as fill
 
 def ngram_rows(ids: list[int], tail: int, budget: int, *, before: int, after: int, ns=(2, 3),
                exact_rows=()) -> torch.Tensor:
-    """Sorted int64 rows (at most ``budget``) chosen by n-gram match of the filled rows with the last ``tail``."""
+    """Sorted int64 rows (at most ``budget``) chosen by n-gram match of the filled rows with the last ``tail``.
+
+    ``ids``: the prompt's token ids; ``exact_rows``: further exact rows (never chosen). Row 0 comes first
+    when it is filled; then, best score first, each anchor's window ``[r - before, r + after]`` cut to the
+    filled rows not yet chosen and to the budget."""
     n = len(ids)
     start = n - tail
     score = [0.0] * n
