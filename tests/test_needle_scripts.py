@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ridgefill.assets import EVALUATION_BOOKS, load_model, load_texts
 from ridgefill.evaluate.needles import case_rng, haystack_sentences, make_case
+from ridgefill.select import Select
 
 
 def _script(name):
@@ -57,7 +58,7 @@ def test_select_ngram_chooses_the_asked_needle_within_the_budget():
     for t in range(3):
         case = make_case(tok, sentences, length=1024, tail=64, variant="multikey", rng=case_rng(0, "multikey", 1024, t))
         ids = case.input_ids.tolist()
-        budget = int(0.05 * len(ids))
+        budget = Select().budget_rows(len(ids))  # what the wrapper passes for the default 5 %
         rows = rule.ngram_rows(ids, case.tail, budget, before=4, after=16).tolist()
         assert rows[0] == 0 and len(rows) <= budget and max(rows) < len(ids) - case.tail
         start, end = case.spans[case.asked]
