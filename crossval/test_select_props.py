@@ -11,7 +11,9 @@ splits, tails and budgets:
   of row ``i`` depends only on rows ``≤ i`` and the chosen set (``filled_causal`` for that set), and
   exact rows see every earlier row (their logits equal the one-pass prefill's, which attends causally);
 - the chosen rows are filled rows, within the budget (the parts' sum, or the selection's total when it
-  has one), and include the first part's sink rows.
+  has one), and include the first part's sink rows;
+- a lexical part (``by="ngram"``, chosen before the late layers from the token ids) chooses, besides its
+  sink rows, only rows within its window of a row that shares a 2- to 5-token sequence with its query rows.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from ridgefill import prefill
-from ridgefill.select import Select, Selection, as_selection
+from ridgefill.select import NGRAM_SIZES, Select, Selection, as_selection, choose_rows, ngram_scores
 from ridgefill.ridge import RidgeStats, fit_maps
 
 from crossval import tally
@@ -28,7 +30,8 @@ from crossval.models import CONFIGS, fitted_maps, kv, prompts, tiny_llama
 
 selects = st.builds(Select, budget=st.integers(1, 12), before=st.integers(0, 3), after=st.integers(0, 4),
                     queries=st.integers(1, 3), heads=st.sampled_from(["sum", "max"]), rounds=st.integers(1, 2),
-                    sink=st.integers(0, 1), reference=st.integers(0, 8), floor=st.sampled_from([0.1, 1.0]))
+                    sink=st.integers(0, 1), reference=st.integers(0, 8), floor=st.sampled_from([0.1, 1.0]),
+                    by=st.sampled_from(["attention", "attention", "ngram"]))
 # one Select, or a Selection of two parts (each its own budget, scored in the same first pass), with or
 # without a total that caps both (a row count, or a fraction of the prompt)
 totals = st.one_of(st.none(), st.integers(1, 16), st.sampled_from([0.05, 0.1, 0.3]))
@@ -55,6 +58,36 @@ def test_selection_keeps_every_row_and_equals_the_one_pass_prefill(prompt, mode,
         assert k.shape[2] == n and v.shape[2] == n  # every row has K/V in every layer
         torch.testing.assert_close(k, k1, rtol=0, atol=1e-5)
         torch.testing.assert_close(v, v1, rtol=0, atol=1e-5)
+    tally.example()
+
+
+@given(st.lists(st.integers(0, 6), min_size=2, max_size=120), st.integers(1, 40), st.integers(0, 40),
+       st.integers(0, 4), st.integers(0, 6), st.integers(1, 20), st.integers(1, 40))
+def test_ngram_part_chooses_only_windows_around_matches(tokens, tail, given_row, before, after, queries, budget):
+    n = len(tokens)
+    tail = min(tail, n - 1)
+    sel = Select(by="ngram", budget=budget, before=before, after=after, queries=queries, contrast=0)
+    exact = sorted({min(given_row, n - 1)} | set(range(n - tail, n)))
+    filled = torch.ones(n, dtype=torch.bool)
+    filled[exact] = False
+    scores = ngram_scores(torch.tensor([tokens]), torch.tensor(exact[-queries:]))
+    chosen = choose_rows(scores, filled, sel, budget).tolist()
+    assert len(chosen) <= budget and all(filled[r] for r in chosen)
+    ends = {e for e in exact[-queries:]}
+    def seq(r, k):  # the k-token sequence ending at row r
+        return tuple(tokens[r - k + 1:r + 1]) if r >= k - 1 else None
+
+    for r in range(n):  # brute force: each sequence ending at r and at a query row adds 1 / (rows outside the queries ending it)
+        want = 0.0
+        for k in NGRAM_SIZES:
+            if r not in ends and seq(r, k) is not None and any(seq(e, k) == seq(r, k) for e in ends):
+                want += 1.0 / sum(seq(o, k) == seq(r, k) for o in range(n) if o not in ends)
+        assert abs(float(scores[r]) - want) <= 1e-6 * max(1.0, want)
+    anchors = [r for r in range(n) if filled[r] and scores[r] > 0]
+    for r in chosen:
+        assert r < sel.sink or any(a - before <= r <= a + after for a in anchors)
+    if not anchors:
+        assert chosen == [r for r in range(min(sel.sink, n)) if filled[r]][:budget]
     tally.example()
 
 

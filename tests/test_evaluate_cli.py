@@ -130,3 +130,26 @@ def test_eval_bad_input(workdir, capsys, tmp_path):
     (tmp_path / "x.json").write_text(json.dumps({"kind": "other"}))
     assert main(["report", str(tmp_path / "x.json")]) == 2
     assert "not the output of `ridgefill eval`" in capsys.readouterr().err
+
+
+def test_every_command_prints_its_help(capsys):
+    """``ridgefill <command> --help`` (and ``eval <kind> --help``) formats every option's help: argparse
+    reads a bare ``%`` in a help string as a format and fails, so every percent sign must be ``%%``."""
+    import argparse
+
+    from ridgefill.cli import build_parser
+
+    parser = build_parser()
+    commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)][0].choices
+    paths = []
+    for name, sub in commands.items():
+        paths.append([name])
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                paths += [[name, kind] for kind in action.choices]
+    assert ["bench"] in paths and ["eval", "needle"] in paths
+    for path in paths:
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(path + ["--help"])
+        assert e.value.code == 0, path
+        assert "--" in capsys.readouterr().out

@@ -1,12 +1,15 @@
 """The research scripts' row sets (``scripts/needle_oracle.py``): on the bundled tokenizer the rows they
-call a needle's value and key decode to that value and key, for every needle of a multikey case."""
+call a needle's value and key decode to that value and key, for every needle of a multikey case; and the
+lexical selection part (``Select(by="ngram")``) chooses those rows on the same cases."""
 
 import importlib.util
 from pathlib import Path
 
 from ridgefill.assets import EVALUATION_BOOKS, load_model, load_texts
 from ridgefill.evaluate.needles import case_rng, haystack_sentences, make_case
-from ridgefill.select import Select
+import torch
+
+from ridgefill.select import Select, choose_rows, ngram_scores
 
 
 def _script(name):
@@ -33,33 +36,21 @@ def test_needle_oracle_row_sets_are_the_needles_value_and_key():
             assert set(sets["asked_whole+values"]) == set(sets["asked_whole"]).union(sets["all_values"])
 
 
-def test_select_ngram_scores_the_row_that_ends_the_match_and_widens_it():
-    """``scripts/select_ngram.py`` on a hand-made prompt: the score goes to the row that ends a shared
-    sequence (a 2- and a 3-token match at row 22 outrank the 2-token match at row 21), the window is
-    ``[22 - before, 22 + after]``, given exact rows and the tail are never chosen, row 0 comes first, and
-    without a match nothing but row 0 is chosen."""
-    rule = _script("select_ngram")
-    ids = list(range(100, 150))  # 50 filled rows, no repeats
-    ids[20:23] = [500, 501, 502]
-    prompt = ids + [900, 901, 500, 501, 502, 902]  # a 6-row tail quoting rows 20-22
-    rows = rule.ngram_rows(prompt, 6, 10, before=1, after=2)
-    assert rows.tolist() == [0, 21, 22, 23, 24]
-    assert rule.ngram_rows(prompt, 6, 10, before=1, after=2, exact_rows=[0, 23]).tolist() == [21, 22, 24]
-    assert rule.ngram_rows(prompt, 6, 3, before=1, after=2).tolist() == [0, 21, 22]  # cut to the budget
-    assert rule.ngram_rows(list(range(100)), 10, 5, before=4, after=16).tolist() == [0]  # nothing matches
-
-
-def test_select_ngram_chooses_the_asked_needle_within_the_budget():
-    """``scripts/select_ngram.py``: on multikey cases the asked needle's key and value rows are among the rows
-    the n-gram rule chooses (the question quotes its key), row 0 first, no tail row, within the budget."""
-    rule = _script("select_ngram")
+def test_ngram_part_chooses_the_asked_needle_within_the_budget():
+    """The lexical selection part (``Select.parse("ngram")``, 5 % of the prompt): on multikey cases the asked needle's key and value
+    rows are among the rows it chooses (the question quotes its key), row 0 first, no tail row, within
+    the budget."""
+    sel = Select.parse("ngram")
     _, tok, _ = load_model()
     sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
     for t in range(3):
         case = make_case(tok, sentences, length=1024, tail=64, variant="multikey", rng=case_rng(0, "multikey", 1024, t))
         ids = case.input_ids.tolist()
-        budget = Select().budget_rows(len(ids))  # what the wrapper passes for the default 5 %
-        rows = rule.ngram_rows(ids, case.tail, budget, before=4, after=16).tolist()
+        budget = sel.budget_rows(len(ids))
+        filled = torch.ones(len(ids), dtype=torch.bool)
+        filled[-case.tail:] = False
+        scores = ngram_scores(torch.tensor([ids]), torch.arange(len(ids) - case.tail, len(ids))[-sel.queries:])
+        rows = choose_rows(scores, filled, sel, budget).tolist()
         assert rows[0] == 0 and len(rows) <= budget and max(rows) < len(ids) - case.tail
         start, end = case.spans[case.asked]
         pieces = [tok.decode(ids[r]) for r in range(start, end)]
@@ -71,3 +62,21 @@ def test_select_ngram_chooses_the_asked_needle_within_the_budget():
         assert tok.decode(ids[key_rows[0]:key_rows[-1] + 1]).strip() == case.keys[case.asked]
         assert value and set(value) <= set(rows)
         assert set(key_rows) <= set(rows)
+
+
+def test_ngram_coverage_weighing_filled_is_the_library_score():
+    """``scripts/ngram_coverage.py`` compares weighings; its ``filled`` weighing is the library's
+    :func:`ridgefill.select.ngram_scores` (same values on multikey prompts), and its ``prompt`` weighing
+    (the ninth session's) differs from it there."""
+    from ridgefill.select import NGRAM_SIZES
+
+    cov = _script("ngram_coverage")
+    _, tok, _ = load_model()
+    sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
+    for t in range(2):
+        case = make_case(tok, sentences, length=1024, tail=64, variant="multikey", rng=case_rng(0, "multikey", 1024, t))
+        ids = case.input_ids.tolist()
+        queries = list(range(len(ids) - 64, len(ids)))
+        lib = ngram_scores(torch.tensor([ids]), torch.tensor(queries))
+        torch.testing.assert_close(cov.weighed_scores(ids, queries, NGRAM_SIZES, "filled").float(), lib)
+        assert not torch.allclose(cov.weighed_scores(ids, queries, NGRAM_SIZES, "prompt").float(), lib)

@@ -327,7 +327,8 @@ def test_selection_total_parse_and_errors():
     sel = Select.parse("prompt,budget=35+attention+total=0.05")
     assert sel == Selection((Select(budget=35, by="leverage", before=14, after=2, contrast=0), Select()), total=0.05)
     assert str(sel) == "prompt,budget=35+attention+total=0.05"
-    assert Select.parse("prompt,budget=35+on+total=0.05") == sel  # a part 'on' is the default, the attention rule
+    with pytest.raises(InputError, match="'on' is the default selection, itself two parts"):
+        Select.parse("prompt,budget=35+on+total=0.05")  # the default is two parts: 'on' is not one part
     assert Select.parse(str(sel)) == sel and sel.budget_rows(1000) == 50 and sel.budget_rows(980) == 49
     assert Select.parse("attention+total=40").budget_rows(10_000) == 40  # a row count caps a larger part budget
     for bad, match in (("total=0.05", "caps the parts"), ("attention+total=0.05+attention", "must be the last"),
@@ -344,7 +345,7 @@ def test_selection_parse_and_errors():
     assert sel == Selection((Select(budget=0.025), Select(budget=0.025, queries=256, before=0, after=3, contrast=0)))
     assert sel.budget_rows(2048) == 51 + 51
     assert str(sel) == "budget=0.025+budget=0.025,before=0,after=3,queries=256,contrast=0"
-    for spec in ("on", "attention", "prompt", "prompt,budget=5+attention", "attention,budget=9+prompt,after=3", "budget=40,heads=sum,rounds=2", "budget=0.0125,by=leverage",
+    for spec in ("on", "attention", "ngram", "ngram,budget=0.02+attention+total=0.05", "prompt", "prompt,budget=5+attention", "attention,budget=9+prompt,after=3", "budget=40,heads=sum,rounds=2", "budget=0.0125,by=leverage",
                  "reference=63,floor=0.25", "budget=0.0123456789", "budget=1234567", "floor=0.3333333333333333",
                  "budget=1e-05,floor=1e-06"):
         parsed = Select.parse(spec)
@@ -395,3 +396,67 @@ def test_rounds_with_a_budget_smaller_than_the_rounds_still_spend_it(llama, ids,
     assert res.selected.numel() == 3
     one = prefill(llama, ids, maps, tail=8, exact_rows=res.selected.tolist(), mode="ridge", split=S, logits="exact")
     assert_same_prefill(res, one, llama.config.num_hidden_layers)
+
+
+def test_ngram_scores_the_row_that_ends_the_match_and_widens_it():
+    """The lexical part (``by="ngram"``) on a hand-made prompt: the score goes to the row that ends a shared
+    sequence (a 2- and a 3-token match end at row 22, only a 2-token match at row 21; each sequence ends at
+    one row outside the query rows, so ``1`` per sequence; the query rows score 0), the window is ``[22 - before, 22 + after]``, given
+    exact rows and the tail are never chosen, row 0 comes first, and without a match only row 0 is chosen."""
+    from ridgefill.select import ngram_scores
+
+    ids = list(range(100, 150))  # 50 filled rows, no repeats
+    ids[20:23] = [500, 501, 502]
+    prompt = torch.tensor([ids + [900, 901, 500, 501, 502, 902]])  # a 6-row tail quoting rows 20-22
+    tail = torch.arange(50, 56)
+    scores = ngram_scores(prompt, tail)
+    assert scores.nonzero().flatten().tolist() == [21, 22]
+    assert scores[21].item() == 1.0 and scores[22].item() == 2.0  # 501-502's match counts at 22 too
+    twice = prompt.clone()
+    twice[0, 40:42] = torch.tensor([501, 502])  # a second filled copy of 501-502 halves its weight
+    assert ngram_scores(twice, tail)[[21, 22, 41]].tolist() == [1.0, 1.5, 0.5]
+    assert ngram_scores(prompt, tail[-1:])[:50].sum().item() == 0  # the last row ends no quoted sequence
+    sel = Select.parse("ngram,before=1,after=2")
+    filled = torch.ones(56, dtype=torch.bool)
+    filled[50:] = False
+    assert choose_rows(scores, filled, sel, 10).tolist() == [0, 21, 22, 23, 24]
+    given = filled.clone()
+    given[[0, 23]] = False
+    assert choose_rows(scores, given, sel, 10).tolist() == [21, 22, 24]
+    assert choose_rows(scores, filled, sel, 3).tolist() == [0, 21, 22]  # cut to the budget
+    assert choose_rows(torch.zeros(56), filled, sel, 10).tolist() == [0]  # nothing matches: budget unspent
+
+
+def test_ngram_part_chooses_the_asked_needle_and_leaves_the_rest_to_attention(llama, ids, maps):
+    """In a :class:`Selection` the lexical part chooses first, before the late layers, only around its
+    matches; the attention part takes the rest of the total; the result is the one-pass fill with the
+    chosen rows exact. Alone it is one pass in any fill mode, also ``"none"``."""
+    quoted = ids.clone()
+    quoted[0, -5:-2] = quoted[0, 30:33]  # the tail quotes rows 30-32
+    lex = Select.parse("ngram,budget=20,before=1,after=1,queries=8")
+    alone = prefill(llama, quoted, maps, tail=8, mode="ridge", select=lex).selected.tolist()
+    assert {0, 31, 32, 33} <= set(alone) and len(alone) < 20  # row 0, the match's window; budget left
+    sel = Selection((lex, Select(budget=12, before=1, after=2)), total=16)
+    res = prefill(llama, quoted, maps, tail=8, mode="ridge", select=sel, logits="exact")
+    assert set(alone) < set(res.selected.tolist()) and res.selected.numel() == 16
+    one = prefill(llama, quoted, maps, tail=8, mode="ridge", exact_rows=res.selected.tolist(), logits="exact")
+    assert_same_prefill(res, one, llama.config.num_hidden_layers)
+    none = prefill(llama, quoted, None, tail=8, mode="none", split=S, select=lex, logits="exact")
+    one = prefill(llama, quoted, None, tail=8, mode="none", split=S, exact_rows=alone, logits="exact")
+    assert none.selected.tolist() == alone
+    assert_same_prefill(none, one, llama.config.num_hidden_layers)
+
+
+def test_ngram_parse_and_spec():
+    """``"ngram"`` is the lexical preset; a spec reads back; the combined spec has the n-gram part first."""
+    from ridgefill.select import NGRAM_PRESET
+
+    assert Select.parse("ngram") == Select(**NGRAM_PRESET)
+    assert (Select.parse("ngram").before, Select.parse("ngram").after, Select.parse("ngram").queries) == (4, 16, 64)
+    for spec in ("ngram", "ngram,after=20", "ngram,budget=0.02+attention+total=0.05"):
+        assert str(Select.parse(spec)) == spec
+    sel = Select.parse("ngram,budget=0.02+attention+total=0.05")
+    assert [p.by for p in sel.parts] == ["ngram", "attention"] and sel.by == "attention"
+    assert Selection((Select.parse("ngram"),)).by == "ngram"
+    with pytest.raises(InputError, match="'attention', 'leverage' or 'ngram'"):
+        Select(by="words")

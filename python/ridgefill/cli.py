@@ -29,7 +29,7 @@ def parse_lam(value: str) -> float | str:
 
 
 def parse_select(value: str):
-    """argparse type of ``--select``: ``'on'``/``'attention'``, ``'prompt'``, ``'off'``, ``key=value`` pairs, parts
+    """argparse type of ``--select``: ``'on'``, ``'attention'``, ``'ngram'``, ``'prompt'``, ``'off'``, ``key=value`` pairs, parts
     joined by ``+`` and a last ``total=F`` (:meth:`ridgefill.select.Select.parse`)."""
     from .errors import InputError
     from .select import Select
@@ -40,14 +40,17 @@ def parse_select(value: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-SELECT_HELP = ("row selection: 'on' or 'attention' (the default, query-aware: two passes), 'prompt' (query-agnostic: "
+SELECT_HELP = ("row selection: 'on' (the default: 'ngram,budget=0.02+attention+total=0.05', 2 %% of the prompt by n-gram "
+               "match with the question, then the attention rule up to 5 %%), 'attention' (query-aware: two passes, rows "
+               "chosen by the late layers' attention), 'prompt' (query-agnostic: "
                "rows chosen from the prompt alone by leverage; finds needles only with maps calibrated on text like "
-               "the prompt), 'off', or key=value pairs such as 'budget=0.05,before=2,after=16,queries=1,"
-               "heads=induction,top_heads=8,rounds=1,sink=1,contrast=128,reference=0,floor=1' (the default's values; "
+               "the prompt), 'ngram' (rows that end a 2- to 5-token sequence the last 64 exact rows, the question, also hold; one pass, no "
+               "model run; needs a question that repeats the prompt's words), 'off', or key=value pairs such as 'budget=0.05,before=2,after=16,queries=1,"
+               "heads=induction,top_heads=8,rounds=1,sink=1,contrast=128,reference=0,floor=1' (the attention rule's values; "
                "budget: a share of the prompt < 1, or rows), also after a preset ('prompt,budget=35'); parts joined "
                "by '+' each choose within their own budget, e.g. 'budget=0.02,reference=63+budget=0.03,queries=256,"
                "before=0,after=3,contrast=0' (needles and key tokens), and a last part 'total=F' caps them together, "
-               "each within what the parts that chose before it left (leverage parts first, then attention parts; an "
+               "each within what the parts that chose before it left (leverage and n-gram parts first, then attention parts; an "
                "attention part with several rounds keeps its later rounds' share), e.g. "
                "'prompt,budget=35+attention+total=0.05'")
 

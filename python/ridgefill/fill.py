@@ -43,7 +43,7 @@ from .errors import InputError, NonFiniteError
 from .maps import RidgeMaps
 from .refit import PromptRefit, fit_count
 from .select import (AttentionScores, Select, Selection, as_selection, check_leverage_stats, choose_rows,
-                     leverage_scores, uses_leverage)
+                     leverage_scores, ngram_scores, uses_leverage)
 from .validate import binds_prompt, check_choice, check_int, check_real, check_rows, prompt_digest
 
 Mode = Literal["ridge", "centred", "identity", "none", "exact"]
@@ -168,9 +168,11 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         select: a :class:`Select` to choose further exact rows: from the exact rows' late-layer
             attention (``by="attention"``: two passes; fill modes other than ``"none"``), or from the
             prompt alone (``by="leverage"``: one pass, any fill mode; ``maps`` with a calibration
-            covariance must be given, also for ``"identity"`` and ``"none"``); or a :class:`Selection`
-            of several such parts, each with its own budget and within the selection's ``total`` when it
-            has one (leverage parts first, then the attention parts, all scored in the same first pass).
+            covariance must be given, also for ``"identity"`` and ``"none"``), or from the token ids the
+            filled rows share with the last ``queries`` exact rows (``by="ngram"``: one pass, any fill
+            mode); or a :class:`Selection` of several such parts, each with its own budget and within the
+            selection's ``total`` when it has one (leverage and n-gram parts first, before the late layers;
+            then the attention parts, all scored in the same first pass).
             ``None``: no selection.
         refit: ``ρ ≥ 0``; ``> 0`` refits each late layer's map, before its filled rows write their K/V,
             on the calibration statistics plus the exact rows' own ``(h_S, x_l)`` pairs, the ``T`` exact
@@ -178,7 +180,7 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             times; :mod:`ridgefill.refit`; row 0, the attention sink, is left out of the pairs). Mode
             ``"ridge"`` with input maps that store their calibration statistics. With ``select`` the maps
             are refitted once, in the first pass, on its exact rows (the tail, ``exact_rows`` and rows chosen
-            up front by leverage; or ``refit_rows``), and the later passes keep the filled rows' K/V
+            up front by leverage or n-gram; or ``refit_rows``), and the later passes keep the filled rows' K/V
             (refitting again on the chosen rows too and rewriting them answered fewer needles at 4K and 8K
             tokens and costs a second fill: docs/evaluate.md, "Eighth session"). ``0`` (default): the
             calibration maps (docs/evaluate.md measures ``ρ = 4``; it answers more needles at 8K with
@@ -215,7 +217,7 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     if select is not None and (mode == "exact" or (mode == "none" and select.by == "attention")):
         raise InputError(f"select chooses exact rows from the attention to the filled rows' K/V; mode {mode!r} "
                          "has none: use it with 'ridge', 'centred' or 'identity'"
-                         + ("" if mode == "exact" else " (or make every part by='leverage')"))
+                         + ("" if mode == "exact" else " (or make every part by='leverage' or 'ngram')"))
     vocab = model.get_input_embeddings().num_embeddings
     if input_ids.numel() == 0 or int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
         got = "no rows" if input_ids.numel() == 0 else f"ids in {int(input_ids.min())}..{int(input_ids.max())}"
@@ -319,13 +321,19 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         taken[part] = torch.cat([taken[part], new])
         ex = torch.unique(torch.cat([ex, new]))
 
-    if uses_leverage(select):  # query-agnostic parts: chosen from h_S, before the late layers
+    if uses_leverage(select):  # query-agnostic parts: scored from h_S
         check_leverage_stats(select, maps)
         maps.check_model(model, split)
-        leverage = leverage_scores(x, maps.mean_h, maps.cov_h)  # once, whatever the number of such parts
-        for i, part in enumerate(parts):
-            if part.by == "leverage":
-                choose(i, leverage, part.budget_rows(n))
+    given = ex  # the exact rows before any choice: a lexical part's question is the last of them
+    up_front = {"leverage": lambda p: leverage_scores(x, maps.mean_h, maps.cov_h),
+                "ngram": lambda p: ngram_scores(input_ids, given[-p.queries:])}
+    scored = {}  # each kind's scores once (per query count), whatever the number of such parts
+    for i, part in enumerate(parts):  # parts chosen before the late layers
+        if part.by in up_front:
+            key = (part.by, part.queries if part.by == "ngram" else 0)
+            if key not in scored:
+                scored[key] = up_front[part.by](part)
+            choose(i, scored[key], part.budget_rows(n))
     rounds = selection.rounds if selection is not None else 0
     ran = None  # the exact rows of the last pass: a round that chose nothing reuses its scores
     for r in range(rounds + 1):  # attention parts: score in a pass, choose their round's share, rerun

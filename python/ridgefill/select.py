@@ -6,9 +6,11 @@ question's attention. A few exact rows are enough if they are the right ones. :f
 runs a first pass (the plain fill), scores every filled row by the attention the last exact rows pay it
 in the late layers (optionally relative to the attention the exact rows before them pay it;
 :class:`AttentionScores`), makes the best rows exact (:func:`choose_rows`, a budget
-with widening around each row) and reruns only the late layers of the exact rows: the default
-(:data:`DEFAULT_SELECT`, ``--select on`` or ``attention``). A query-agnostic part (``by="leverage"``)
-chooses rows from the prompt alone, before the late layers.
+with widening around each row) and reruns only the late layers of the exact rows (``--select
+attention``, ``Select()``). A lexical part (``by="ngram"``) chooses, before the late layers, the rows
+that end a sequence of tokens the question repeats; a query-agnostic part (``by="leverage"``) chooses
+rows from the prompt alone. The default (:data:`DEFAULT_SELECT`, ``--select on``) is a lexical part
+with 2 % of the prompt, then the attention rule up to 5 % in all.
 
 Given the chosen rows, the result is the one-pass fill with those rows as ``exact_rows`` (tests and
 crossval check it); the choice itself depends on the whole prompt, so which rows are exact is not
@@ -28,6 +30,17 @@ from .errors import InputError
 
 #: The query-agnostic part's preset (``"prompt"`` in a spec; docs/evaluate.md, "Fifth session").
 PROMPT_PRESET = {"by": "leverage", "before": 14, "after": 2, "contrast": 0}
+
+#: The lexical part's preset (``"ngram"`` in a spec): rows that end a 2- to 5-token sequence the last 64
+#: exact rows also hold, each widened to 4 rows before and 16 after (docs/evaluate.md, "Ninth session",
+#: "Tenth session").
+NGRAM_PRESET = {"by": "ngram", "before": 4, "after": 16, "queries": 64, "contrast": 0}
+
+#: The sequence lengths the lexical part matches (:func:`ngram_scores`).
+NGRAM_SIZES = (2, 3, 4, 5)
+
+#: The presets a spec part may start with, by name.
+PRESETS = {"prompt": PROMPT_PRESET, "ngram": NGRAM_PRESET}
 
 
 def _spec_text(v) -> str:
@@ -97,6 +110,15 @@ class Select:
             and identifiers) it found none of 16 needle values within 35 rows at 1K and 2K tokens, and
             on Gemma 3 with novels maps it answered 4 of 8 at 8K where the attention rule answers 8
             (docs/evaluate.md, "Sixth session", "Seventh session").
+            Or ``"ngram"`` (lexical, query-aware, one pass): a filled row scores by the 2- to 5-token
+            sequences it ends that also end at one of the last ``queries`` exact rows (the question),
+            each weighed by one over its count outside them (:func:`ngram_scores`); rows chosen before
+            the late layers, no model run needed. Only rows with a match anchor a window: with no
+            match the part leaves its budget to the parts after it. ``Select.parse("ngram")``
+            (``by="ngram", before=4, after=16, queries=64, contrast=0``) finds the needle whose key the
+            question quotes, which the attention over predicted keys misses on multikey cases
+            (docs/evaluate.md, "Ninth session", "Tenth session"); it relies on the question repeating the
+            prompt's words.
     """
 
     budget: float = 0.05
@@ -108,7 +130,7 @@ class Select:
     sink: int = 1
     top_heads: int = 8
     contrast: int = 128
-    by: Literal["attention", "leverage"] = "attention"
+    by: Literal["attention", "leverage", "ngram"] = "attention"
     reference: int = 0
     floor: float = 1.0
 
@@ -128,8 +150,8 @@ class Select:
             raise InputError(f"select queries must be an int ≥ 1; got {self.queries!r}")
         if self.heads not in ("sum", "max", "induction"):
             raise InputError(f"select heads must be 'sum', 'max' or 'induction'; got {self.heads!r}")
-        if self.by not in ("attention", "leverage"):
-            raise InputError(f"select by must be 'attention' or 'leverage'; got {self.by!r}")
+        if self.by not in ("attention", "leverage", "ngram"):
+            raise InputError(f"select by must be 'attention', 'leverage' or 'ngram'; got {self.by!r}")
         if self.top_heads < 1:
             raise InputError(f"select top_heads must be ≥ 1; got {self.top_heads}")
         if not isinstance(self.rounds, int) or self.rounds < 1:
@@ -142,22 +164,23 @@ class Select:
     def __str__(self) -> str:
         """The ``--select`` spec of this part (:meth:`parse` reads it back): the ``key=value`` pairs that
         differ from the :class:`Select` defaults (``"attention"`` when none do), e.g.
-        ``"budget=0.025,after=12"``; a query-agnostic part as ``"prompt"`` and the pairs that differ from
-        that preset, e.g. ``"prompt,budget=35"``."""
-        leverage = self.by == "leverage"
-        base = Select(**PROMPT_PRESET) if leverage else Select()
+        ``"budget=0.025,after=12"``; a query-agnostic or lexical part as its preset (``"prompt"``,
+        ``"ngram"``) and the pairs that differ from it, e.g. ``"prompt,budget=35"``."""
+        preset = next((name for name, kw in PRESETS.items() if kw["by"] == self.by), None)
+        base = Select(**PRESETS[preset]) if preset else Select()
         pairs = [f"{f}={_spec_text(getattr(self, f))}" for f in self.__dataclass_fields__
                  if getattr(self, f) != getattr(base, f)]
-        return ",".join((["prompt"] if leverage else []) + pairs) or "attention"
+        return ",".join(([preset] if preset else []) + pairs) or "attention"
 
     @classmethod
     def parse(cls, spec: str) -> "Select | Selection | None":
-        """``"off"`` → ``None``; ``"on"`` or ``"attention"`` → :data:`DEFAULT_SELECT` (the query-aware rule,
-        ``Select()``); else ``key=value`` pairs separated by commas, e.g.
+        """``"off"`` → ``None``; ``"on"`` or ``"default"`` → :data:`DEFAULT_SELECT`; ``"attention"`` →
+        ``Select()`` (the attention rule alone); else ``key=value`` pairs separated by commas, e.g.
         ``"budget=0.025,before=2,after=12,queries=1,heads=sum,rounds=1,contrast=0"`` (missing keys: the
         :class:`Select` defaults);
-        ``"prompt"`` for the query-agnostic preset (``by=leverage,before=14,after=2,contrast=0``). Pairs
-        may follow either preset after a comma (``"prompt,budget=35"``). Parts joined by ``+`` make a
+        ``"prompt"`` for the query-agnostic preset (``by=leverage,before=14,after=2,contrast=0``),
+        ``"ngram"`` for the lexical one (``by=ngram,before=4,after=16,queries=64,contrast=0``). Pairs
+        may follow a preset after a comma (``"prompt,budget=35"``). Parts joined by ``+`` make a
         :class:`Selection` (each part its own budget and scoring), e.g.
         ``"budget=0.02,reference=63+budget=0.03,queries=256,before=0,after=3,contrast=0"``, and a last
         part ``total=F`` caps them together, e.g. ``"prompt,budget=35+attention+total=0.05"``.
@@ -169,8 +192,10 @@ class Select:
         spec = spec.strip()
         if spec in ("off", "none", ""):
             return None
-        if spec in ("on", "default", "attention"):
+        if spec in ("on", "default"):
             return DEFAULT_SELECT
+        if spec == "attention":
+            return Select()
         if spec.startswith("total"):
             raise InputError(f"select {spec!r}: 'total=F' caps the parts before it; join it last, e.g. "
                              "'prompt,budget=35+attention+total=0.05'")
@@ -201,8 +226,11 @@ class Select:
             raise InputError(f"select part {spec!r}: 'off' cannot be joined with other parts; leave the part out")
         kwargs: dict = {}
         preset = spec.split(",")[0].strip()
-        if preset in ("prompt", "attention", "on", "default"):
-            kwargs = dict(PROMPT_PRESET) if preset == "prompt" else {}
+        if preset in ("on", "default"):
+            raise InputError(f"select part {spec!r}: 'on' is the default selection, itself two parts "
+                             f"({DEFAULT_SELECT}); join its parts, or 'attention' for the attention rule alone")
+        if preset in PRESETS or preset == "attention":
+            kwargs = dict(PRESETS.get(preset, {}))
             spec = spec.partition(",")[2]
         for part in filter(None, spec.split(",")):
             key, eq, value = part.partition("=")
@@ -220,23 +248,25 @@ class Select:
 @dataclass(frozen=True)
 class Selection:
     """Several :class:`Select` parts in one prefill: each part scores the filled rows its own way and
-    chooses rows within its own budget (a later part skips rows an earlier one chose). Query-agnostic
-    parts (``by="leverage"``) choose first, before the late layers, in their order; then the attention
+    chooses rows within its own budget (a later part skips rows an earlier one chose). The parts chosen
+    up front (``by="leverage"`` or ``"ngram"``) choose first, before the late layers, in their order; then the attention
     parts, in their order, all scored in the same pass (one recording per part) and sharing the rerun,
     so the cost is that of one selection with ``max(rounds) + 1`` passes and the parts' query rows and
     chosen rows together.
 
     A needle needs a few wide windows found by the last row's attention; the key tokens of a tail
     (names, terms it refers back to) need many narrow windows found by every tail row's attention
-    (docs/evaluate.md, "Row selection"); a :class:`Selection` holds both.
+    (docs/evaluate.md, "Row selection"); a :class:`Selection` holds both. A lexical part before an
+    attention part finds the needle whose key the question quotes and leaves the rest of the budget to
+    the attention part (``"ngram,budget=0.025+attention+total=0.05"``; docs/evaluate.md, "Tenth session").
 
     Attributes:
-        parts: the :class:`Select` parts, in the order they choose within each kind (leverage, then
-            attention).
+        parts: the :class:`Select` parts, in the order they choose within each kind (up front: leverage
+            and n-gram; then attention).
         total: ``None`` (the budget is the sum of the parts'), or a cap on all parts together: a fraction
             of the prompt when ``< 1``, else a row count (spec: a last part ``total=F``). Each part
             chooses within its own budget and within what the parts that chose before it left of the
-            total: leverage parts first, then attention parts, each in list order, round by round; an
+            total: the parts chosen up front first, then attention parts, each in list order, round by round; an
             attention part keeps the share of its later rounds from the attention parts listed after it. With
             ``"prompt,budget=35+attention+total=0.05"`` the leverage part takes 35 rows and the
             attention part the rest of 5 % of the prompt (below 700 rows 5 % is under 35 rows, and the
@@ -266,13 +296,14 @@ class Selection:
 
     @property
     def rounds(self) -> int:
-        """Attention rounds (the most of any attention part; ``0``: every part is query-agnostic)."""
+        """Attention rounds (the most of any attention part; ``0``: every part is chosen up front)."""
         return max((p.rounds for p in self.parts if p.by == "attention"), default=0)
 
     @property
     def by(self) -> str:
-        """``"attention"`` if any part scores by attention (then the fill runs two passes), else ``"leverage"``."""
-        return "attention" if self.rounds else "leverage"
+        """``"attention"`` if any part scores by attention (then the fill runs two passes), else the first
+        part's (``"leverage"`` or ``"ngram"``: every row is chosen before the late layers)."""
+        return "attention" if self.rounds else self.parts[0].by
 
     @property
     def queries(self) -> int:
@@ -328,11 +359,15 @@ def as_selection(select: "Select | Selection") -> Selection:
     return select if isinstance(select, Selection) else Selection((select,))
 
 
-#: The selection ``ridgefill run`` and the evaluation commands use by default (``--select on``, also
-#: ``attention``): the query-aware rule, chosen from the measurements in docs/evaluate.md, "Row
-#: selection". 35 leverage rows before it answered more needles with novels-calibrated maps but fewer with
-#: the default mix maps ("Seventh session"), so it is not the default.
-DEFAULT_SELECT = Select()
+#: The selection ``ridgefill run`` and ``ridgefill bench`` use by default (``--select on``;
+#: ``"ngram,budget=0.02+attention+total=0.05"``): the lexical part with 2 % of the prompt (the rows that
+#: end a 2- to 5-token sequence the question repeats, one window each), then the attention rule
+#: (``Select()``) for the rest of 5 %. On SmolLM2 at S = 15 with the default mix maps it answers 16, 16, 16,
+#: 14 single needles at 1K-8K (the attention rule alone 16, 16, 16, 10; exact 16, 16, 16, 13) and 13, 9, 12
+#: multikey at 1K-4K (5, 5, 10; exact 11, 8, 11), at the same loss (docs/evaluate.md, "Tenth session").
+#: A question that does not repeat the prompt's words leaves the lexical part no match, and its budget
+#: goes to the attention rule.
+DEFAULT_SELECT = Selection((Select(**NGRAM_PRESET, budget=0.02), Select()), total=0.05)
 
 
 def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int) -> Tensor:
@@ -346,8 +381,9 @@ def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int)
     Returns:
         Sorted ``int64`` positions ``[k]``, ``k ≤ budget``, all among ``candidates``: first the
         candidates among the ``select.sink`` first rows, then windows around the best-scoring other
-        candidates (by :func:`local_contrast` when ``select.contrast > 0``). A window that would
-        overflow the budget is cut to fit it.
+        candidates (by :func:`local_contrast` when ``select.contrast > 0``; ties by position). A window
+        that would overflow the budget is cut to fit it. A lexical part (``select.by == "ngram"``) stops at
+        the first candidate scoring 0 (no match): it leaves the rest of its budget unspent.
     """
     n = scores.numel()
     chosen = torch.zeros(n, dtype=torch.bool, device=scores.device)
@@ -358,10 +394,11 @@ def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int)
     candidates[: select.sink] = False
     if select.contrast > 0:
         scores = local_contrast(scores, candidates, select.contrast)
-    order = torch.argsort(torch.where(candidates, scores.float(), float("-inf")), descending=True)
+    order = torch.argsort(torch.where(candidates, scores.float(), float("-inf")), descending=True, stable=True)
     used = sink.numel()
+    matches_only = select.by == "ngram"
     for r in order.tolist():
-        if used >= budget or not bool(candidates[r]):
+        if used >= budget or not bool(candidates[r]) or (matches_only and not scores[r] > 0):
             break
         if chosen[r]:
             continue
@@ -389,6 +426,45 @@ def local_contrast(scores: Tensor, candidates: Tensor, width: int) -> Tensor:
     lo, hi = (idx - width).clamp(min=0), (idx + width + 1).clamp(max=n)
     mean = (total[hi] - total[lo]) / (count[hi] - count[lo]).clamp(min=1)
     return (scores.double() / (mean + 0.01 / n)).float()
+
+
+def ngram_scores(input_ids: Tensor, queries: Tensor, sizes: tuple[int, ...] = NGRAM_SIZES) -> Tensor:
+    """Lexical row scores: for each row outside ``queries``, the sum over the ``k``-token sequences (``k`` in
+    ``sizes``) that end at it and also end at a query row of ``1 / (the number of rows outside the
+    queries that end it)``, summed over the batch.
+
+    Args:
+        input_ids: ``[batch, N]`` int64 token ids.
+        queries: ``[q]`` int64 positions of the query rows (``Select.queries`` last exact rows); a
+            sequence ending at a query row may start before it.
+
+    Returns:
+        ``[N]`` float32 on ``input_ids``' device; ``0`` at the query rows and where a row ends no shared
+        sequence. Rare and long shared sequences weigh more: a needle's key, quoted by the question, ends
+        sequences of every length up to 5 found once in the prompt, and outscores the phrase every
+        needle shares and a common phrase of the question (docs/evaluate.md, "Tenth session"). How
+        often the question repeats a sequence does not count.
+    """
+    n, device = input_ids.shape[1], input_ids.device
+    queries = queries.to(device)
+    outside = torch.ones(n, dtype=torch.bool, device=device)
+    outside[queries] = False
+    scores = torch.zeros(n, dtype=torch.float64, device=device)
+    vocab = int(input_ids.max()) + 1
+    for ids in input_ids:
+        gram = ids  # gram[j]: an id of the k-token sequence ending at row j + k - 1 (equal iff the sequences are)
+        for k in range(1, min(max(sizes), n) + 1):
+            if k > 1:  # a k-token sequence is the (k-1)-token one before its last row, then that row's token
+                _, gram = torch.unique(gram[:-1] * vocab + ids[k - 1:], return_inverse=True)
+            if k not in sizes:
+                continue
+            ends = outside[k - 1:]
+            count = torch.bincount(gram[ends], minlength=int(gram.max()) + 1)
+            wanted = torch.zeros_like(count, dtype=torch.bool)
+            wanted[gram[queries[queries >= k - 1] - (k - 1)]] = True
+            hit = wanted[gram] & ends
+            scores[k - 1:] += torch.where(hit, 1.0 / count[gram].clamp(min=1), 0.0)
+    return scores.float()
 
 
 def leverage_scores(h: Tensor, mean_h: Tensor, cov_h: Tensor) -> Tensor:
