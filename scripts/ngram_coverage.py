@@ -5,7 +5,7 @@ A decoding-free check of the n-gram part (``Select(by="ngram")``; docs/evaluate.
 each needle prompt of ``ridgefill eval needle`` (the same cases: :func:`ridgefill.evaluate.needles.make_case`
 with the same seeds and depths, tail 64) it scores the filled rows from the token ids alone and chooses
 rows as :func:`ridgefill.select.choose_rows` does; a case counts as covered when every digit of the asked
-needle's value is among the chosen rows. Only the tokenizer is loaded.
+needle's value is among the chosen rows. The model is loaded for its tokenizer; nothing runs through it.
 
 Two tables:
 

@@ -427,17 +427,32 @@ def test_ngram_scores_the_row_that_ends_the_match_and_widens_it():
     assert choose_rows(torch.zeros(56), filled, sel, 10).tolist() == [0]  # nothing matches: budget unspent
 
 
-def test_ngram_part_chooses_the_asked_needle_and_leaves_the_rest_to_attention(llama, ids, maps):
-    """In a :class:`Selection` the lexical part chooses first, before the late layers, only around its
-    matches; the attention part takes the rest of the total; the result is the one-pass fill with the
-    chosen rows exact. Alone it is one pass in any fill mode, also ``"none"``."""
+def test_ngram_part_chooses_the_asked_needle_and_leaves_the_rest_to_attention(llama, ids, maps, monkeypatch):
+    """In a :class:`Selection` the lexical part chooses first, before the late layers (its rows are exact
+    in the first late-layer pass), only around its matches; the attention part takes the rest of the
+    total; the result is the one-pass fill with the chosen rows exact. Alone it is one pass in any fill
+    mode, also ``"none"``. Its question is the tail's last rows, never ``exact_rows`` outside the tail."""
+    import ridgefill.fill as fill_module
+    from ridgefill.select import ngram_scores
+
+    passes = []  # the exact rows of each late-layer pass
+    run = fill_module._LateFill.run
+    monkeypatch.setattr(fill_module._LateFill, "run", lambda self, ex, *a, **k: passes.append(ex.tolist()) or run(self, ex, *a, **k))
     quoted = ids.clone()
     quoted[0, -5:-2] = quoted[0, 30:33]  # the tail quotes rows 30-32
     lex = Select.parse("ngram,budget=20,before=1,after=1,queries=8")
     alone = prefill(llama, quoted, maps, tail=8, mode="ridge", select=lex).selected.tolist()
     assert {0, 31, 32, 33} <= set(alone) and len(alone) < 20  # row 0, the match's window; budget left
+    assert len(passes) == 1 and set(alone) <= set(passes[0])  # one pass, the chosen rows exact in it
+    passes.clear()
     sel = Selection((lex, Select(budget=12, before=1, after=2)), total=16)
     res = prefill(llama, quoted, maps, tail=8, mode="ridge", select=sel, logits="exact")
+    assert len(passes) == 2 and set(alone) <= set(passes[0])  # chosen before the attention pass
+    copied = quoted.clone()
+    copied[0, 60:64] = copied[0, 10:14]  # exact rows 60-63 repeat rows 10-13, the 2-row tail quotes nothing
+    assert ngram_scores(copied, torch.tensor([60, 61, 62, 63, 94, 95]))[11:14].gt(0).all()
+    far = prefill(llama, copied, maps, tail=2, exact_rows=range(60, 64), mode="ridge", select=lex).selected.tolist()
+    assert far == [0]  # the exact rows 60-63 are not the question
     assert set(alone) < set(res.selected.tolist()) and res.selected.numel() == 16
     one = prefill(llama, quoted, maps, tail=8, mode="ridge", exact_rows=res.selected.tolist(), logits="exact")
     assert_same_prefill(res, one, llama.config.num_hidden_layers)

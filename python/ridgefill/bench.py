@@ -264,9 +264,11 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     With ``select`` (a :class:`ridgefill.select.Select` or :class:`~ridgefill.select.Selection`) a third
     prefill, the fill with row selection, is timed in the same interleaved rounds; its bound counts its
     chosen rows, passes and scoring query rows (:func:`ridgefill.costs.fill_cost` with ``selected``,
-    ``rounds``, ``queries``). A selection mixing query-agnostic and attention parts is counted as if all
-    its rows were chosen by attention (rows chosen up front are exact in both passes, and the leverage
-    scores are left out): its bound is then a little high (2 % at 2,048 rows with 102 + 102 rows).
+    ``rounds``, ``queries``). A selection mixing parts chosen up front (leverage, n-gram; the default
+    ``--select on``) and attention parts is counted as if all its rows were chosen by attention (rows
+    chosen up front are exact in both passes, and the leverage scores are left out): its bound is then a
+    little high (2 % at 2,048 rows with 102 + 102 rows). On the random token ids of the bench the n-gram
+    part finds no match and the attention part chooses the rows.
     With ``refit > 0`` the fill with the maps refitted on the exact rows (:mod:`ridgefill.refit`) is timed
     too, and the selection prefill refits as well; their bounds count the refit (``fill_cost(refit=True)``).
 
@@ -325,7 +327,7 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
                  "refit_ideal": refit_ideal, "refit_measured_over_ideal": refit_ratio / refit_ideal, "refit": refit}
     if select is not None:
         chosen = prefill(model, ids, maps, tail=tail, mode="ridge", select=select, refit=refit).selected.tolist()
-        sel = as_selection(select)  # leverage parts: chosen up front; attention parts: rounds + 1 passes
+        sel = as_selection(select)  # leverage and n-gram parts: chosen up front; attention parts: rounds + 1 passes
         sel_ideal = ideal_ratio(model.config, n, maps.split, tail, selected=chosen, rounds=sel.rounds,
                                 queries=sel.scored_rows(tail + len(chosen)), refit=refit > 0)
         sel_ratio = statistics.median(e / f for e, f in zip(times["exact"], times["sel"]))

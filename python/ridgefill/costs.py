@@ -205,8 +205,10 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
             passes have fewer chosen rows). Every filled row's map and K/V are computed once, in pass 1
             (the chosen rows' too).
         rounds: selection rounds (with ``selected``); ``0``: the rows were chosen before the late layers
-            from the prompt alone (``Select(by="leverage")``): one pass with the tail and the chosen rows
-            exact, plus the leverage scores (a ``d × d`` solve and ``2·d²`` FLOPs per row).
+            from the prompt alone (``Select(by="leverage")``) or from the token ids (``by="ngram"``): one
+            pass with the tail and the chosen rows exact, plus the leverage scores (a ``d × d`` solve and
+            ``2·d²`` FLOPs per row; counted for n-gram parts too, which need no multiply: a bound that is
+            a little low for them, 0.3 % of the fill at 2,048 rows on SmolLM2).
         queries: rows whose attention scores the filled rows per round (``Select.queries +
             Select.reference``; for a :class:`~ridgefill.select.Selection` the sum over its attention
             parts, :attr:`~ridgefill.select.Selection.queries`; at most the exact rows, ``tail`` plus the

@@ -169,8 +169,8 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             attention (``by="attention"``: two passes; fill modes other than ``"none"``), or from the
             prompt alone (``by="leverage"``: one pass, any fill mode; ``maps`` with a calibration
             covariance must be given, also for ``"identity"`` and ``"none"``), or from the token ids the
-            filled rows share with the last ``queries`` exact rows (``by="ngram"``: one pass, any fill
-            mode); or a :class:`Selection` of several such parts, each with its own budget and within the
+            filled rows share with the last ``queries`` rows of the tail (``by="ngram"``: one pass, any fill
+            mode; ``exact_rows`` outside the tail are not the question); or a :class:`Selection` of several such parts, each with its own budget and within the
             selection's ``total`` when it has one (leverage and n-gram parts first, before the late layers;
             then the attention parts, all scored in the same first pass).
             ``None``: no selection.
@@ -324,9 +324,8 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     if uses_leverage(select):  # query-agnostic parts: scored from h_S
         check_leverage_stats(select, maps)
         maps.check_model(model, split)
-    given = ex  # the exact rows before any choice: a lexical part's question is the last of them
-    up_front = {"leverage": lambda p: leverage_scores(x, maps.mean_h, maps.cov_h),
-                "ngram": lambda p: ngram_scores(input_ids, given[-p.queries:])}
+    up_front = {"leverage": lambda p: leverage_scores(x, maps.mean_h, maps.cov_h),  # the question: the tail's last rows
+                "ngram": lambda p: ngram_scores(input_ids, torch.arange(max(n - tail, n - p.queries), n, device=device))}
     scored = {}  # each kind's scores once (per query count), whatever the number of such parts
     for i, part in enumerate(parts):  # parts chosen before the late layers
         if part.by in up_front:

@@ -31,8 +31,8 @@ from .errors import InputError
 #: The query-agnostic part's preset (``"prompt"`` in a spec; docs/evaluate.md, "Fifth session").
 PROMPT_PRESET = {"by": "leverage", "before": 14, "after": 2, "contrast": 0}
 
-#: The lexical part's preset (``"ngram"`` in a spec): rows that end a 2- to 5-token sequence the last 64
-#: exact rows also hold, each widened to 4 rows before and 16 after (docs/evaluate.md, "Ninth session",
+#: The lexical part's preset (``"ngram"`` in a spec): rows that end a 2- to 5-token sequence the tail's
+#: last 64 rows also hold, each widened to 4 rows before and 16 after (docs/evaluate.md, "Ninth session",
 #: "Tenth session").
 NGRAM_PRESET = {"by": "ngram", "before": 4, "after": 16, "queries": 64, "contrast": 0}
 
@@ -69,7 +69,8 @@ class Select:
             count. The chosen rows never exceed it.
         before, after: rows added before and after each best-scoring row (a needle's digits follow
             the words the question matches, hence the asymmetric default).
-        queries: how many of the last exact rows score the filled rows.
+        queries: how many of the last exact rows score the filled rows (a lexical part: how many of the
+            tail's last rows hold the question).
         heads: how heads and layers are reduced: ``"sum"`` (sum over heads and layers), ``"max"``
             (max over heads, sum over layers) or ``"induction"``: only the ``top_heads`` late-layer heads
             with the highest induction score (:func:`induction_scores`, the copy heads that retrieval
@@ -111,10 +112,12 @@ class Select:
             on Gemma 3 with novels maps it answered 4 of 8 at 8K where the attention rule answers 8
             (docs/evaluate.md, "Sixth session", "Seventh session").
             Or ``"ngram"`` (lexical, query-aware, one pass): a filled row scores by the 2- to 5-token
-            sequences it ends that also end at one of the last ``queries`` exact rows (the question),
-            each weighed by one over its count outside them (:func:`ngram_scores`); rows chosen before
-            the late layers, no model run needed. Only rows with a match anchor a window: with no
-            match the part leaves its budget to the parts after it. ``Select.parse("ngram")``
+            sequences it ends that also end at one of the last ``queries`` rows of the tail (the
+            question; never ``exact_rows`` outside the tail), each weighed by one over its count outside
+            them (:func:`ngram_scores`); rows chosen before the late layers, no model run needed. Only
+            rows with a match anchor a window: with no match the part's budget is left unspent (under a
+            :class:`Selection` ``total``, the attention parts may then use it up to their own budgets, as
+            in :data:`DEFAULT_SELECT`). ``Select.parse("ngram")``
             (``by="ngram", before=4, after=16, queries=64, contrast=0``) finds the needle whose key the
             question quotes, which the attention over predicted keys misses on multikey cases
             (docs/evaluate.md, "Ninth session", "Tenth session"); it relies on the question repeating the
@@ -256,9 +259,10 @@ class Selection:
 
     A needle needs a few wide windows found by the last row's attention; the key tokens of a tail
     (names, terms it refers back to) need many narrow windows found by every tail row's attention
-    (docs/evaluate.md, "Row selection"); a :class:`Selection` holds both. A lexical part before an
-    attention part finds the needle whose key the question quotes and leaves the rest of the budget to
-    the attention part (``"ngram,budget=0.025+attention+total=0.05"``; docs/evaluate.md, "Tenth session").
+    (docs/evaluate.md, "Row selection"); a :class:`Selection` holds both. A lexical part with an
+    attention part finds the needle whose key the question quotes, and under a ``total`` the attention
+    part takes what the lexical part leaves (``"ngram,budget=0.02+attention+total=0.05"``, the default;
+    docs/evaluate.md, "Tenth session").
 
     Attributes:
         parts: the :class:`Select` parts, in the order they choose within each kind (up front: leverage
@@ -359,12 +363,13 @@ def as_selection(select: "Select | Selection") -> Selection:
     return select if isinstance(select, Selection) else Selection((select,))
 
 
-#: The selection ``ridgefill run`` and ``ridgefill bench`` use by default (``--select on``;
-#: ``"ngram,budget=0.02+attention+total=0.05"``): the lexical part with 2 % of the prompt (the rows that
-#: end a 2- to 5-token sequence the question repeats, one window each), then the attention rule
-#: (``Select()``) for the rest of 5 %. On SmolLM2 at S = 15 with the default mix maps it answers 16, 16, 16,
-#: 14 single needles at 1K-8K (the attention rule alone 16, 16, 16, 10; exact 16, 16, 16, 13) and 13, 9, 12
-#: multikey at 1K-4K (5, 5, 10; exact 11, 8, 11), at the same loss (docs/evaluate.md, "Tenth session").
+#: The selection ``ridgefill run`` uses by default and ``--select on`` names everywhere (``ridgefill bench``,
+#: ``generate``, ``eval``: off unless given); ``"ngram,budget=0.02+attention+total=0.05"``: the lexical
+#: part with 2 % of the prompt (the rows that end a 2- to 5-token sequence the question repeats, one window
+#: each), then the attention rule (``Select()``) for the rest of 5 %. On SmolLM2 at S = 15 with the default
+#: mix maps it answers 16, 16, 16, 14 single needles at 1K-8K (the attention rule alone 16, 16, 16, 10;
+#: exact 16, 16, 16, 13) and 13, 9, 12, 7 multikey (5, 5, 10, 3; exact 11, 8, 11, 4), at the same loss
+#: (docs/evaluate.md, "Tenth session").
 #: A question that does not repeat the prompt's words leaves the lexical part no match, and its budget
 #: goes to the attention rule.
 DEFAULT_SELECT = Selection((Select(**NGRAM_PRESET, budget=0.02), Select()), total=0.05)
