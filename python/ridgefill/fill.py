@@ -324,15 +324,15 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     if uses_leverage(select):  # query-agnostic parts: scored from h_S
         check_leverage_stats(select, maps)
         maps.check_model(model, split)
-    up_front = {"leverage": lambda p: leverage_scores(x, maps.mean_h, maps.cov_h),  # the question: the tail's last rows
-                "ngram": lambda p: ngram_scores(input_ids, torch.arange(max(n - tail, n - p.queries), n, device=device))}
-    scored = {}  # each kind's scores once (per query count), whatever the number of such parts
+    scored = {}  # each kind's scores once (a lexical part's per question length), whatever the number of parts
     for i, part in enumerate(parts):  # parts chosen before the late layers
-        if part.by in up_front:
-            key = (part.by, part.queries if part.by == "ngram" else 0)
-            if key not in scored:
-                scored[key] = up_front[part.by](part)
-            choose(i, scored[key], part.budget_rows(n))
+        if part.by == "attention":
+            continue
+        key = (part.by, part.queries if part.by == "ngram" else 0)
+        if key not in scored:  # a lexical part's question: the tail's last rows, never exact_rows outside it
+            scored[key] = (leverage_scores(x, maps.mean_h, maps.cov_h) if part.by == "leverage" else
+                           ngram_scores(input_ids, torch.arange(max(n - tail, n - part.queries), n, device=device)))
+        choose(i, scored[key], part.budget_rows(n))
     rounds = selection.rounds if selection is not None else 0
     ran = None  # the exact rows of the last pass: a round that chose nothing reuses its scores
     for r in range(rounds + 1):  # attention parts: score in a pass, choose their round's share, rerun

@@ -440,8 +440,8 @@ def ngram_scores(input_ids: Tensor, queries: Tensor, sizes: tuple[int, ...] = NG
 
     Args:
         input_ids: ``[batch, N]`` int64 token ids.
-        queries: ``[q]`` int64 positions of the query rows (``Select.queries`` last exact rows); a
-            sequence ending at a query row may start before it.
+        queries: ``[q]`` int64 positions of the query rows (in ``prefill``, the tail's last
+            ``Select.queries`` rows); a sequence ending at a query row may start before it.
 
     Returns:
         ``[N]`` float32 on ``input_ids``' device; ``0`` at the query rows and where a row ends no shared
