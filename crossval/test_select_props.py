@@ -13,7 +13,8 @@ splits, tails and budgets:
 - the chosen rows are filled rows, within the budget (the parts' sum, or the selection's total when it
   has one), and include the first part's sink rows;
 - a lexical part (``by="ngram"``, chosen before the late layers from the token ids) chooses, besides its
-  sink rows, only rows within its window of a row that shares a 2- to 5-token sequence with its query rows.
+  sink rows, only rows within its window of a row that shares a 2- to 5-token sequence with its query rows
+  and scores at least its ``min_score``.
 """
 
 from __future__ import annotations
@@ -62,11 +63,11 @@ def test_selection_keeps_every_row_and_equals_the_one_pass_prefill(prompt, mode,
 
 
 @given(st.lists(st.integers(0, 6), min_size=2, max_size=120), st.integers(1, 40), st.integers(0, 40),
-       st.integers(0, 4), st.integers(0, 6), st.integers(1, 20), st.integers(1, 40))
-def test_ngram_part_chooses_only_windows_around_matches(tokens, tail, given_row, before, after, queries, budget):
+       st.integers(0, 4), st.integers(0, 6), st.integers(1, 20), st.integers(1, 40), st.sampled_from([0.0, 1.0, 2.5]))
+def test_ngram_part_chooses_only_windows_around_matches(tokens, tail, given_row, before, after, queries, budget, min_score):
     n = len(tokens)
     tail = min(tail, n - 1)
-    sel = Select(by="ngram", budget=budget, before=before, after=after, queries=queries, contrast=0)
+    sel = Select(by="ngram", budget=budget, before=before, after=after, queries=queries, contrast=0, min_score=min_score)
     exact = sorted({min(given_row, n - 1)} | set(range(n - tail, n)))
     filled = torch.ones(n, dtype=torch.bool)
     filled[exact] = False
@@ -83,7 +84,7 @@ def test_ngram_part_chooses_only_windows_around_matches(tokens, tail, given_row,
             if r not in ends and seq(r, k) is not None and any(seq(e, k) == seq(r, k) for e in ends):
                 want += 1.0 / sum(seq(o, k) == seq(r, k) for o in range(n) if o not in ends)
         assert abs(float(scores[r]) - want) <= 1e-6 * max(1.0, want)
-    anchors = [r for r in range(n) if filled[r] and scores[r] > 0]
+    anchors = [r for r in range(n) if filled[r] and scores[r] > 0 and scores[r] >= min_score]
     for r in chosen:
         assert r < sel.sink or any(a - before <= r <= a + after for a in anchors)
     if not anchors:

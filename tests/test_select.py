@@ -416,7 +416,7 @@ def test_ngram_scores_the_row_that_ends_the_match_and_widens_it():
     twice[0, 40:42] = torch.tensor([501, 502])  # a second filled copy of 501-502 halves its weight
     assert ngram_scores(twice, tail)[[21, 22, 41]].tolist() == [1.0, 1.5, 0.5]
     assert ngram_scores(prompt, tail[-1:])[:50].sum().item() == 0  # the last row ends no quoted sequence
-    sel = Select.parse("ngram,before=1,after=2")
+    sel = Select.parse("ngram,before=1,after=2,min_score=0")
     filled = torch.ones(56, dtype=torch.bool)
     filled[50:] = False
     assert choose_rows(scores, filled, sel, 10).tolist() == [0, 21, 22, 23, 24]
@@ -425,6 +425,36 @@ def test_ngram_scores_the_row_that_ends_the_match_and_widens_it():
     assert choose_rows(scores, given, sel, 10).tolist() == [21, 22, 24]
     assert choose_rows(scores, filled, sel, 3).tolist() == [0, 21, 22]  # cut to the budget
     assert choose_rows(torch.zeros(56), filled, sel, 10).tolist() == [0]  # nothing matches: budget unspent
+    strict = Select.parse("ngram,before=1,after=2,min_score=2")  # only row 22 scores 2: one window
+    assert choose_rows(scores, filled, strict, 10).tolist() == [0, 21, 22, 23, 24]
+    assert choose_rows(ngram_scores(twice, tail), filled, strict, 10).tolist() == [0]  # 1.5 < 2: no anchor
+    assert choose_rows(scores, filled, Select.parse("ngram,before=1,after=2"), 10).tolist() == [0]  # preset: 3
+
+
+def test_ngram_threshold_leaves_prose_to_the_next_part():
+    """The preset's ``min_score=3``: a row anchors a window only if the sequences it ends weigh 3 (a quoted
+    5-token key, found once outside the question, scores 4 at its last row and 3 at the row before); a
+    2-token phrase the question shares with the prose (score 1 per copy) anchors nothing, so the part
+    chooses only the key's window and row 0, and leaves the rest of its budget."""
+    from ridgefill.select import ngram_scores
+
+    ids = list(range(100, 180))  # 80 filled rows, no repeats
+    ids[30:35] = [500, 501, 502, 503, 504]  # the key
+    ids[60:62] = [700, 701]  # a phrase the question also uses
+    prompt = torch.tensor([ids + [900, 700, 701, 901, 500, 501, 502, 503, 504, 902]])
+    tail = torch.arange(80, 90)
+    scores = ngram_scores(prompt, tail)
+    assert scores[[33, 34, 61]].tolist() == [3.0, 4.0, 1.0]
+    filled = torch.ones(90, dtype=torch.bool)
+    filled[80:] = False
+    chosen = choose_rows(scores, filled, Select.parse("ngram,budget=30,before=1,after=2"), 30).tolist()
+    assert chosen == [0, 33, 34, 35, 36]  # row 34's window, then row 33's rows are already chosen
+    anyone = choose_rows(scores, filled, Select.parse("ngram,budget=30,before=1,after=2,min_score=0"), 30).tolist()
+    assert {60, 61, 62, 63} <= set(anyone)  # without the threshold the phrase anchors a window too
+    with pytest.raises(InputError, match="min_score"):
+        Select(min_score=1.0)  # a threshold for attention scores is refused
+    with pytest.raises(InputError, match="min_score"):
+        Select.parse("ngram,min_score=-1")
 
 
 def test_ngram_part_chooses_the_asked_needle_and_leaves_the_rest_to_attention(llama, ids, maps, monkeypatch):
@@ -440,7 +470,7 @@ def test_ngram_part_chooses_the_asked_needle_and_leaves_the_rest_to_attention(ll
     monkeypatch.setattr(fill_module._LateFill, "run", lambda self, ex, *a, **k: passes.append(ex.tolist()) or run(self, ex, *a, **k))
     quoted = ids.clone()
     quoted[0, -5:-2] = quoted[0, 30:33]  # the tail quotes rows 30-32
-    lex = Select.parse("ngram,budget=20,before=1,after=1,queries=8")
+    lex = Select.parse("ngram,budget=20,before=1,after=1,queries=8,min_score=0")
     alone = prefill(llama, quoted, maps, tail=8, mode="ridge", select=lex).selected.tolist()
     assert {0, 31, 32, 33} <= set(alone) and len(alone) < 20  # row 0, the match's window; budget left
     assert len(passes) == 1 and set(alone) <= set(passes[0])  # one pass, the chosen rows exact in it
@@ -468,7 +498,12 @@ def test_ngram_parse_and_spec():
 
     assert Select.parse("ngram") == Select(**NGRAM_PRESET)
     assert (Select.parse("ngram").before, Select.parse("ngram").after, Select.parse("ngram").queries) == (4, 16, 64)
-    for spec in ("ngram", "ngram,after=20", "ngram,budget=0.02+attention+total=0.05"):
+    assert Select.parse("ngram").min_score == 3 and Select().min_score == 0
+    from ridgefill.select import DEFAULT_SELECT
+    assert Select.parse("on") is DEFAULT_SELECT and DEFAULT_SELECT.total == 0.05
+    assert str(DEFAULT_SELECT) == ("ngram,budget=0.02+budget=0.02,reference=63+budget=0.03,before=0,after=3,"
+                                   "queries=256,contrast=0+total=0.05")  # the spec docs/evaluate.md measured
+    for spec in ("ngram", "ngram,after=20", "ngram,min_score=0", "ngram,budget=0.02+attention+total=0.05"):
         assert str(Select.parse(spec)) == spec
     sel = Select.parse("ngram,budget=0.02+attention+total=0.05")
     assert [p.by for p in sel.parts] == ["ngram", "attention"] and sel.by == "attention"

@@ -40,13 +40,15 @@ def parse_select(value: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-SELECT_HELP = ("row selection: 'on' (the default selection: 'ngram,budget=0.02+attention+total=0.05', 2 %% of the prompt "
-               "by n-gram match with the question, then the attention rule up to 5 %%), 'attention' (query-aware: two passes, rows "
+SELECT_HELP = ("row selection: 'on' (the default selection: 'ngram,budget=0.02+budget=0.02,reference=63+budget=0.03,"
+               "queries=256,before=0,after=3,contrast=0+total=0.05': up to 2 %% of the prompt around rows that end a sequence the "
+               "question quotes, then the key-token rule's two attention parts up to 5 %%), 'attention' (query-aware: two passes, rows "
                "chosen by the late layers' attention), 'prompt' (query-agnostic: "
                "rows chosen from the prompt alone by leverage; finds needles only with maps calibrated on text like "
-               "the prompt), 'ngram' (rows that end a 2- to 5-token sequence the tail's last 64 rows, the question, also hold; one pass, no "
-               "model run; needs a question that repeats the prompt's words), 'off', or key=value pairs such as 'budget=0.05,before=2,after=16,queries=1,"
-               "heads=induction,top_heads=8,rounds=1,sink=1,contrast=128,reference=0,floor=1' (the attention rule's values; "
+               "the prompt), 'ngram' (rows that end 2- to 5-token sequences the tail's last 64 rows, the question, also hold, scoring "
+               "min_score=3 or more; one pass, no model run; needs a question that quotes the prompt), 'off', or key=value pairs such as "
+               "'budget=0.05,before=2,after=16,queries=1,heads=induction,top_heads=8,rounds=1,sink=1,contrast=128,reference=0,floor=1' "
+               "(the attention rule's values; "
                "budget: a share of the prompt < 1, or rows), also after a preset ('prompt,budget=35'); parts joined "
                "by '+' each choose within their own budget, e.g. 'budget=0.02,reference=63+budget=0.03,queries=256,"
                "before=0,after=3,contrast=0' (needles and key tokens), and a last part 'total=F' caps them together, "

@@ -10,7 +10,8 @@ with widening around each row) and reruns only the late layers of the exact rows
 attention``, ``Select()``). A lexical part (``by="ngram"``) chooses, before the late layers, the rows
 that end a sequence of tokens the question repeats; a query-agnostic part (``by="leverage"``) chooses
 rows from the prompt alone. The default (:data:`DEFAULT_SELECT`, ``--select on``) is a lexical part
-with 2 % of the prompt, then the attention rule up to 5 % in all.
+with up to 2 % of the prompt, then two attention parts (:data:`KEY_TOKEN_PARTS`, one for needles, one for the
+tail's key tokens) up to 5 % in all.
 
 Given the chosen rows, the result is the one-pass fill with those rows as ``exact_rows`` (tests and
 crossval check it); the choice itself depends on the whole prompt, so which rows are exact is not
@@ -31,10 +32,10 @@ from .errors import InputError
 #: The query-agnostic part's preset (``"prompt"`` in a spec; docs/evaluate.md, "Fifth session").
 PROMPT_PRESET = {"by": "leverage", "before": 14, "after": 2, "contrast": 0}
 
-#: The lexical part's preset (``"ngram"`` in a spec): rows that end a 2- to 5-token sequence the tail's
-#: last 64 rows also hold, each widened to 4 rows before and 16 after (docs/evaluate.md, "Ninth session",
-#: "Tenth session").
-NGRAM_PRESET = {"by": "ngram", "before": 4, "after": 16, "queries": 64, "contrast": 0}
+#: The lexical part's preset (``"ngram"`` in a spec): rows that end 2- to 5-token sequences the tail's
+#: last 64 rows also hold, scoring at least 3 (:attr:`Select.min_score`), each widened to 4 rows before and
+#: 16 after (docs/evaluate.md, "Ninth session", "Tenth session", "Eleventh session").
+NGRAM_PRESET = {"by": "ngram", "before": 4, "after": 16, "queries": 64, "contrast": 0, "min_score": 3.0}
 
 #: The sequence lengths the lexical part matches (:func:`ngram_scores`).
 NGRAM_SIZES = (2, 3, 4, 5)
@@ -118,10 +119,16 @@ class Select:
             rows with a match anchor a window: with no match the part's budget is left unspent (under a
             :class:`Selection` ``total``, the attention parts may then use it up to their own budgets, as
             in :data:`DEFAULT_SELECT`). ``Select.parse("ngram")``
-            (``by="ngram", before=4, after=16, queries=64, contrast=0``) finds the needle whose key the
+            (``by="ngram", before=4, after=16, queries=64, contrast=0, min_score=3``) finds the needle whose key the
             question quotes, which the attention over predicted keys misses on multikey cases
             (docs/evaluate.md, "Ninth session", "Tenth session"); it relies on the question repeating the
             prompt's words.
+        min_score: a lexical part's threshold: only rows scoring at least this (and above 0) anchor a
+            window, and the part stops at the first row below it. ``3`` (the preset) asks a row to end
+            shared sequences weighing 3 (e.g. the 3-, 4- and 5-token ones, each found once outside
+            the question): a quoted needle key does, and the part leaves ordinary prose's common phrases
+            to the parts after it (docs/evaluate.md, "Eleventh session"). ``0`` (any match) is the
+            tenth session's part. Only for ``by="ngram"``.
     """
 
     budget: float = 0.05
@@ -136,6 +143,7 @@ class Select:
     by: Literal["attention", "leverage", "ngram"] = "attention"
     reference: int = 0
     floor: float = 1.0
+    min_score: float = 0.0
 
     def __post_init__(self):
         if not (self.budget > 0 and self.budget < float("inf")):
@@ -145,6 +153,11 @@ class Select:
         if isinstance(self.floor, bool) or not (isinstance(self.floor, (int, float)) and 1e-6 <= self.floor < float("inf")):
             raise InputError(f"select floor must be a number ≥ 1e-6 (a share of uniform attention; smaller ones "
                              f"vanish in float32 and a row no one attends to scores 0/0); got {self.floor!r}")
+        if isinstance(self.min_score, bool) or not (isinstance(self.min_score, (int, float)) and 0 <= self.min_score < float("inf")):
+            raise InputError(f"select min_score must be a number ≥ 0; got {self.min_score!r}")
+        if self.min_score > 0 and self.by != "ngram":
+            raise InputError(f"select min_score={self.min_score} is a lexical part's threshold (by=ngram); "
+                             f"leave it out of a by={self.by} part")
         for name in ("before", "after", "sink", "top_heads", "contrast", "reference"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -182,7 +195,7 @@ class Select:
         ``"budget=0.025,before=2,after=12,queries=1,heads=sum,rounds=1,contrast=0"`` (missing keys: the
         :class:`Select` defaults);
         ``"prompt"`` for the query-agnostic preset (``by=leverage,before=14,after=2,contrast=0``),
-        ``"ngram"`` for the lexical one (``by=ngram,before=4,after=16,queries=64,contrast=0``). Pairs
+        ``"ngram"`` for the lexical one (``by=ngram,before=4,after=16,queries=64,contrast=0,min_score=3``). Pairs
         may follow a preset after a comma (``"prompt,budget=35"``). Parts joined by ``+`` make a
         :class:`Selection` (each part its own budget and scoring), e.g.
         ``"budget=0.02,reference=63+budget=0.03,queries=256,before=0,after=3,contrast=0"``, and a last
@@ -242,7 +255,7 @@ class Select:
                 raise InputError(f"select option {part!r} is not key=value with a key among "
                                  f"{sorted(cls.__dataclass_fields__)}; e.g. 'budget=0.025,after=12'")
             try:
-                kwargs[key] = value.strip() if key in ("heads", "by") else (float(value) if key in ("budget", "floor") else int(value))
+                kwargs[key] = value.strip() if key in ("heads", "by") else (float(value) if key in ("budget", "floor", "min_score") else int(value))
             except ValueError:
                 raise InputError(f"select option {key}={value!r}: not a number") from None
         return cls(**kwargs)
@@ -261,8 +274,9 @@ class Selection:
     (names, terms it refers back to) need many narrow windows found by every tail row's attention
     (docs/evaluate.md, "Row selection"); a :class:`Selection` holds both. A lexical part with an
     attention part finds the needle whose key the question quotes, and under a ``total`` the attention
-    part takes what the lexical part leaves (``"ngram,budget=0.02+attention+total=0.05"``, the default;
-    docs/evaluate.md, "Tenth session").
+    part takes what the lexical part leaves (``"ngram,min_score=0,budget=0.02+attention+total=0.05"``, the tenth
+    session's default; docs/evaluate.md, "Tenth session"; the default now has the key-token rule's two
+    attention parts after the lexical one, :data:`DEFAULT_SELECT`).
 
     Attributes:
         parts: the :class:`Select` parts, in the order they choose within each kind (up front: leverage
@@ -363,16 +377,22 @@ def as_selection(select: "Select | Selection") -> Selection:
     return select if isinstance(select, Selection) else Selection((select,))
 
 
+#: The attention parts of the default (the "key-token rule", docs/evaluate.md, "Ninth session"): 2 % of the
+#: prompt in wide windows where the last row's attention exceeds the 63 rows' before it (a needle), then 3 % in
+#: narrow windows (0 before, 3 after) where every one of the last 256 exact rows attends (the names and
+#: terms the tail refers back to).
+KEY_TOKEN_PARTS = (Select(budget=0.02, reference=63), Select(budget=0.03, queries=256, before=0, after=3, contrast=0))
+
 #: The selection ``ridgefill run`` uses by default and ``--select on`` names everywhere (``ridgefill bench``,
-#: ``generate``, ``eval``: off unless given); ``"ngram,budget=0.02+attention+total=0.05"``: the lexical
-#: part with 2 % of the prompt (the rows that end a 2- to 5-token sequence the question repeats, one window
-#: each), then the attention rule (``Select()``) for the rest of 5 %. On SmolLM2 at S = 15 with the default
-#: mix maps it answers 16, 16, 16, 14 single needles at 1K-8K (the attention rule alone 16, 16, 16, 10;
-#: exact 16, 16, 16, 13) and 13, 9, 12, 7 multikey (5, 5, 10, 3; exact 11, 8, 11, 4), at the same loss
-#: (docs/evaluate.md, "Tenth session").
-#: A question that does not repeat the prompt's words leaves the lexical part no match, and its budget
-#: goes to the attention rule.
-DEFAULT_SELECT = Selection((Select(**NGRAM_PRESET, budget=0.02), Select()), total=0.05)
+#: ``generate``, ``eval``: off unless given), ``"ngram,budget=0.02+budget=0.02,reference=63+budget=0.03,
+#: before=0,after=3,queries=256,contrast=0+total=0.05"``: the lexical part with up to 2 % of the prompt (a
+#: window around each row that ends a quoted sequence scoring ``min_score = 3``, such as a needle's key),
+#: then :data:`KEY_TOKEN_PARTS` for the rest of 5 %. On SmolLM2 at S = 15 with the default mix maps:
+#: 16, 16, 16, 14 single needles at 1K-8K (exact 16, 16, 16, 13), 14, 10, 11 multikey at 1K-4K (exact 11, 8, 11),
+#: key-token ΔNLL +0.456 (the tenth session's default +1.021, plain ridge +1.617; the bar +0.45)
+#: (docs/evaluate.md, "Eleventh session"). A question that does not quote the prompt leaves the lexical
+#: part no anchor, and its budget goes to the attention parts.
+DEFAULT_SELECT = Selection((Select(**NGRAM_PRESET, budget=0.02), *KEY_TOKEN_PARTS), total=0.05)
 
 
 def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int) -> Tensor:
@@ -403,7 +423,7 @@ def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int)
     used = sink.numel()
     matches_only = select.by == "ngram"
     for r in order.tolist():
-        if used >= budget or not bool(candidates[r]) or (matches_only and not scores[r] > 0):
+        if used >= budget or not bool(candidates[r]) or (matches_only and not (scores[r] > 0 and scores[r] >= select.min_score)):
             break
         if chosen[r]:
             continue
