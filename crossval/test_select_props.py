@@ -20,7 +20,7 @@ splits, tails and budgets:
 from __future__ import annotations
 
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from ridgefill import prefill
 from ridgefill.select import NGRAM_SIZES, Select, Selection, as_selection, choose_rows, ngram_scores
@@ -64,6 +64,7 @@ def test_selection_keeps_every_row_and_equals_the_one_pass_prefill(prompt, mode,
 
 @given(st.lists(st.integers(0, 6), min_size=2, max_size=120), st.integers(1, 40), st.integers(0, 40),
        st.integers(0, 4), st.integers(0, 6), st.integers(1, 20), st.integers(1, 40), st.sampled_from([0.0, 1.0, 2.5]))
+@example(tokens=[0, 0, 0], tail=1, given_row=0, before=0, after=0, queries=1, budget=1, min_score=2.5)  # a match below the threshold
 def test_ngram_part_chooses_only_windows_around_matches(tokens, tail, given_row, before, after, queries, budget, min_score):
     n = len(tokens)
     tail = min(tail, n - 1)

@@ -1,6 +1,6 @@
 """The research scripts' row sets (``scripts/needle_oracle.py``): on the bundled tokenizer the rows they
 call a needle's value and key decode to that value and key, for every needle of a multikey case; and the
-lexical selection part (``Select(by="ngram")``) chooses those rows on the same cases."""
+lexical selection part (``Select.parse("ngram")``) chooses those rows on the same cases."""
 
 import importlib.util
 from pathlib import Path

@@ -327,8 +327,8 @@ def test_selection_total_parse_and_errors():
     sel = Select.parse("prompt,budget=35+attention+total=0.05")
     assert sel == Selection((Select(budget=35, by="leverage", before=14, after=2, contrast=0), Select()), total=0.05)
     assert str(sel) == "prompt,budget=35+attention+total=0.05"
-    with pytest.raises(InputError, match="'on' is the default selection, itself two parts"):
-        Select.parse("prompt,budget=35+on+total=0.05")  # the default is two parts: 'on' is not one part
+    with pytest.raises(InputError, match="'on' is the default selection, itself 3 parts"):
+        Select.parse("prompt,budget=35+on+total=0.05")  # the default is three parts: 'on' is not one part
     assert Select.parse(str(sel)) == sel and sel.budget_rows(1000) == 50 and sel.budget_rows(980) == 49
     assert Select.parse("attention+total=40").budget_rows(10_000) == 40  # a row count caps a larger part budget
     for bad, match in (("total=0.05", "caps the parts"), ("attention+total=0.05+attention", "must be the last"),
@@ -425,10 +425,16 @@ def test_ngram_scores_the_row_that_ends_the_match_and_widens_it():
     assert choose_rows(scores, given, sel, 10).tolist() == [21, 22, 24]
     assert choose_rows(scores, filled, sel, 3).tolist() == [0, 21, 22]  # cut to the budget
     assert choose_rows(torch.zeros(56), filled, sel, 10).tolist() == [0]  # nothing matches: budget unspent
-    strict = Select.parse("ngram,before=1,after=2,min_score=2")  # only row 22 scores 2: one window
-    assert choose_rows(scores, filled, strict, 10).tolist() == [0, 21, 22, 23, 24]
+    narrow = Select.parse("ngram,before=0,after=0,min_score=0")  # windows of one row: every anchor shows
+    assert choose_rows(scores, filled, narrow, 10).tolist() == [0, 21, 22]
+    strict = Select.parse("ngram,before=0,after=0,min_score=2")  # only row 22 scores 2: row 21 anchors nothing
+    assert choose_rows(scores, filled, strict, 10).tolist() == [0, 22]
     assert choose_rows(ngram_scores(twice, tail), filled, strict, 10).tolist() == [0]  # 1.5 < 2: no anchor
     assert choose_rows(scores, filled, Select.parse("ngram,before=1,after=2"), 10).tolist() == [0]  # preset: 3
+    contrasted = Select.parse("ngram,before=0,after=0,min_score=2,contrast=8")  # the threshold is on the score,
+    assert choose_rows(scores, filled, contrasted, 10).tolist() == [0, 22]  # not on its (larger) contrast
+    batch = torch.cat([prompt, prompt, prompt])  # a batch of copies scores as one prompt: the threshold holds
+    assert torch.equal(ngram_scores(batch, tail), scores)
 
 
 def test_ngram_threshold_leaves_prose_to_the_next_part():
@@ -453,6 +459,9 @@ def test_ngram_threshold_leaves_prose_to_the_next_part():
     assert {60, 61, 62, 63} <= set(anyone)  # without the threshold the phrase anchors a window too
     with pytest.raises(InputError, match="min_score"):
         Select(min_score=1.0)  # a threshold for attention scores is refused
+    with pytest.raises(InputError, match="min_score"):
+        Select(by="leverage", min_score=1.0)  # and for leverage scores
+    assert Select.parse("ngram,by=attention").min_score == 0  # the preset's threshold goes with by=ngram
     with pytest.raises(InputError, match="min_score"):
         Select.parse("ngram,min_score=-1")
 
@@ -503,6 +512,9 @@ def test_ngram_parse_and_spec():
     assert Select.parse("on") is DEFAULT_SELECT and DEFAULT_SELECT.total == 0.05
     assert str(DEFAULT_SELECT) == ("ngram,budget=0.02+budget=0.02,reference=63+budget=0.03,before=0,after=3,"
                                    "queries=256,contrast=0+total=0.05")  # the spec docs/evaluate.md measured
+    from ridgefill.cli import SELECT_HELP  # the spec the help text names is the default
+    named = SELECT_HELP.split("the default selection: '")[1].split("'")[0]
+    assert Select.parse(named) == DEFAULT_SELECT
     for spec in ("ngram", "ngram,after=20", "ngram,min_score=0", "ngram,budget=0.02+attention+total=0.05"):
         assert str(Select.parse(spec)) == spec
     sel = Select.parse("ngram,budget=0.02+attention+total=0.05")

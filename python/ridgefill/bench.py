@@ -267,8 +267,8 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     ``rounds``, ``queries``). A selection mixing parts chosen up front (leverage, n-gram; the default
     ``--select on``) and attention parts is counted as if all its rows were chosen by attention (rows
     chosen up front are exact in both passes, and the leverage scores are left out): its bound is then a
-    little high (2 % at 2,048 rows with 102 + 102 rows). On the random token ids of the bench the n-gram
-    part finds no match and the attention part chooses the rows.
+    little high (2 % at 2,048 rows with 102 + 102 rows, measured with the tenth session's default). On the
+    random token ids of the bench the n-gram part finds no match and the attention parts choose the rows.
     With ``refit > 0`` the fill with the maps refitted on the exact rows (:mod:`ridgefill.refit`) is timed
     too, and the selection prefill refits as well; their bounds count the refit (``fill_cost(refit=True)``).
 

@@ -46,7 +46,10 @@ PRESETS = {"prompt": PROMPT_PRESET, "ngram": NGRAM_PRESET}
 
 def _spec_text(v) -> str:
     """A spec value, exact and never with a '+' (the parts' separator): whole floats as ints."""
-    return str(int(v)) if isinstance(v, float) and v.is_integer() else repr(v) if isinstance(v, float) else str(v)
+    if isinstance(v, float):  # numpy floats too: print as a Python float
+        v = float(v)
+        return str(int(v)) if v.is_integer() else repr(v)
+    return str(v)
 
 
 @dataclass(frozen=True)
@@ -116,17 +119,18 @@ class Select:
             sequences it ends that also end at one of the last ``queries`` rows of the tail (the
             question; never ``exact_rows`` outside the tail), each weighed by one over its count outside
             them (:func:`ngram_scores`); rows chosen before the late layers, no model run needed. Only
-            rows with a match anchor a window: with no match the part's budget is left unspent (under a
+            rows with a match scoring at least ``min_score`` anchor a window: with none the part's budget
+            is left unspent (under a
             :class:`Selection` ``total``, the attention parts may then use it up to their own budgets, as
             in :data:`DEFAULT_SELECT`). ``Select.parse("ngram")``
             (``by="ngram", before=4, after=16, queries=64, contrast=0, min_score=3``) finds the needle whose key the
             question quotes, which the attention over predicted keys misses on multikey cases
             (docs/evaluate.md, "Ninth session", "Tenth session"); it relies on the question repeating the
             prompt's words.
-        min_score: a lexical part's threshold: only rows scoring at least this (and above 0) anchor a
-            window, and the part stops at the first row below it. ``3`` (the preset) asks a row to end
-            shared sequences weighing 3 (e.g. the 3-, 4- and 5-token ones, each found once outside
-            the question): a quoted needle key does, and the part leaves ordinary prose's common phrases
+        min_score: a lexical part's threshold: only rows whose :func:`ngram_scores` score (not its
+            contrast) is at least this and above 0 anchor a window. ``3`` (the preset) asks a row to end
+            shared sequences weighing 3 (e.g. the 2-, 3- and 4-token ones, each found once outside
+            the question, and no 5-token one): a quoted needle key does, and the part leaves ordinary prose's common phrases
             to the parts after it (docs/evaluate.md, "Eleventh session"). ``0`` (any match) is the
             tenth session's part. Only for ``by="ngram"``.
     """
@@ -154,7 +158,8 @@ class Select:
             raise InputError(f"select floor must be a number ≥ 1e-6 (a share of uniform attention; smaller ones "
                              f"vanish in float32 and a row no one attends to scores 0/0); got {self.floor!r}")
         if isinstance(self.min_score, bool) or not (isinstance(self.min_score, (int, float)) and 0 <= self.min_score < float("inf")):
-            raise InputError(f"select min_score must be a number ≥ 0; got {self.min_score!r}")
+            raise InputError(f"select min_score must be a finite number ≥ 0 (a lexical part's threshold on its n-gram "
+                             f"scores, e.g. 'ngram,min_score=3'; 0 takes any match); got {self.min_score!r}")
         if self.min_score > 0 and self.by != "ngram":
             raise InputError(f"select min_score={self.min_score} is a lexical part's threshold (by=ngram); "
                              f"leave it out of a by={self.by} part")
@@ -243,8 +248,8 @@ class Select:
         kwargs: dict = {}
         preset = spec.split(",")[0].strip()
         if preset in ("on", "default"):
-            raise InputError(f"select part {spec!r}: 'on' is the default selection, itself two parts "
-                             f"({DEFAULT_SELECT}); join its parts, or 'attention' for the attention rule alone")
+            raise InputError(f"select part {spec!r}: 'on' is the default selection, itself {len(DEFAULT_SELECT.parts)} "
+                             f"parts ({DEFAULT_SELECT}); join its parts, or 'attention' for the attention rule alone")
         if preset in PRESETS or preset == "attention":
             kwargs = dict(PRESETS.get(preset, {}))
             spec = spec.partition(",")[2]
@@ -257,7 +262,10 @@ class Select:
             try:
                 kwargs[key] = value.strip() if key in ("heads", "by") else (float(value) if key in ("budget", "floor", "min_score") else int(value))
             except ValueError:
-                raise InputError(f"select option {key}={value!r}: not a number") from None
+                raise InputError(f"select option {key}={value!r}: not a number (write e.g. 100 or 1e2; a '+' "
+                                 "joins parts)") from None
+        if preset == "ngram" and kwargs.get("by") != "ngram" and "min_score" not in spec:
+            kwargs.pop("min_score")  # the preset's threshold goes with its by=ngram
         return cls(**kwargs)
 
 
@@ -407,8 +415,9 @@ def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int)
         Sorted ``int64`` positions ``[k]``, ``k ≤ budget``, all among ``candidates``: first the
         candidates among the ``select.sink`` first rows, then windows around the best-scoring other
         candidates (by :func:`local_contrast` when ``select.contrast > 0``; ties by position). A window
-        that would overflow the budget is cut to fit it. A lexical part (``select.by == "ngram"``) stops at
-        the first candidate scoring 0 (no match): it leaves the rest of its budget unspent.
+        that would overflow the budget is cut to fit it. A lexical part (``select.by == "ngram"``) anchors
+        windows only at candidates whose own score (before any contrast) is above 0 and at least
+        ``select.min_score``: with no such row left it leaves the rest of its budget unspent.
     """
     n = scores.numel()
     chosen = torch.zeros(n, dtype=torch.bool, device=scores.device)
@@ -417,13 +426,15 @@ def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int)
     chosen[sink] = True
     candidates = candidates.clone()
     candidates[: select.sink] = False
+    anchors = candidates  # the rows a window may be centred on
+    if select.by == "ngram":  # a lexical match, above the threshold, on the score itself (not its contrast)
+        anchors = candidates & (scores > 0) & (scores >= select.min_score)
     if select.contrast > 0:
         scores = local_contrast(scores, candidates, select.contrast)
-    order = torch.argsort(torch.where(candidates, scores.float(), float("-inf")), descending=True, stable=True)
+    order = torch.argsort(torch.where(anchors, scores.float(), float("-inf")), descending=True, stable=True)
     used = sink.numel()
-    matches_only = select.by == "ngram"
     for r in order.tolist():
-        if used >= budget or not bool(candidates[r]) or (matches_only and not (scores[r] > 0 and scores[r] >= select.min_score)):
+        if used >= budget or not bool(anchors[r]):
             break
         if chosen[r]:
             continue
@@ -456,7 +467,8 @@ def local_contrast(scores: Tensor, candidates: Tensor, width: int) -> Tensor:
 def ngram_scores(input_ids: Tensor, queries: Tensor, sizes: tuple[int, ...] = NGRAM_SIZES) -> Tensor:
     """Lexical row scores: for each row outside ``queries``, the sum over the ``k``-token sequences (``k`` in
     ``sizes``) that end at it and also end at a query row of ``1 / (the number of rows outside the
-    queries that end it)``, summed over the batch.
+    queries that end it)``, averaged over the batch (so :attr:`Select.min_score` means the same for a
+    batch as for one prompt).
 
     Args:
         input_ids: ``[batch, N]`` int64 token ids.
@@ -489,7 +501,7 @@ def ngram_scores(input_ids: Tensor, queries: Tensor, sizes: tuple[int, ...] = NG
             wanted[gram[queries[queries >= k - 1] - (k - 1)]] = True
             hit = wanted[gram] & ends
             scores[k - 1:] += torch.where(hit, 1.0 / count[gram].clamp(min=1), 0.0)
-    return scores.float()
+    return (scores / input_ids.shape[0]).float()
 
 
 def leverage_scores(h: Tensor, mean_h: Tensor, cov_h: Tensor) -> Tensor:
