@@ -396,7 +396,7 @@ KEY_TOKEN_PARTS = (Select(budget=0.02, reference=63), Select(budget=0.03, querie
 #: before=0,after=3,queries=256,contrast=0+total=0.05"``: the lexical part with up to 2 % of the prompt (a
 #: window around each row that ends a quoted sequence scoring ``min_score = 3``, such as a needle's key),
 #: then :data:`KEY_TOKEN_PARTS` for the rest of 5 %. On SmolLM2 at S = 15 with the default mix maps:
-#: 16, 16, 16, 14 single needles at 1K-8K (exact 16, 16, 16, 13), 14, 10, 11 multikey at 1K-4K (exact 11, 8, 11),
+#: 16, 16, 16, 14 single needles at 1K-8K (exact 16, 16, 16, 13), 14, 10, 11, 7 multikey (exact 11, 8, 11, 4),
 #: key-token ΔNLL +0.456 (the tenth session's default +1.021, plain ridge +1.617; the bar +0.45)
 #: (docs/evaluate.md, "Eleventh session"). A question that does not quote the prompt leaves the lexical
 #: part no anchor, and its budget goes to the attention parts.
