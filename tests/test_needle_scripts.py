@@ -80,3 +80,26 @@ def test_ngram_coverage_weighing_filled_is_the_library_score():
         lib = ngram_scores(torch.tensor([ids]), torch.tensor(queries))
         torch.testing.assert_close(cov.weighed_scores(ids, queries, NGRAM_SIZES, "filled").float(), lib)
         assert not torch.allclose(cov.weighed_scores(ids, queries, NGRAM_SIZES, "prompt").float(), lib)
+
+
+def test_loss_subset_matches_eval_loss_and_finds_the_held_out_documents():
+    """``scripts/loss_subset.py`` over all documents of a kept ``eval loss`` result gives that run's own
+    summary (all-token and key-token ΔNLL and interval, per system and set); ``--held-out-from 3,3`` on the
+    16-document run keeps the 10 documents that share no 32-token window with the depth table's six, and
+    its own six are never held out from themselves."""
+    subset = _script("loss_subset")
+    path = Path(__file__).resolve().parents[1] / "docs" / "results" / "loss-twelfth-8x8.json.xz"
+    data = subset.load(str(path))
+    n = len(data["documents"])
+    mine = {(r["system"], r["set"]): r for r in subset.subset_stats(data, range(n))}
+    checked = 0
+    for s in data["summary"]:
+        r = mine[(s["variant"], s["set"])]
+        got = r["all"] if s["tokens"] == "all" else r["key"][0]
+        assert abs(got - s["delta_nll"]["mean"]) < 1e-6, (s["variant"], s["set"], s["tokens"])
+        if s["tokens"] == "key" and s["set"] == "all":
+            assert max(abs(a - b) for a, b in zip(r["key"][1:], s["delta_nll"]["ci"])) < 1e-6
+        checked += 1
+    assert checked >= 12
+    assert subset.held_out(data, 3, 3) == [2, 3, 4, 5, 7, 10, 11, 12, 13, 15]
+    assert subset.held_out(data, 8, 8) == []

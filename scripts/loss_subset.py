@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""ΔNLL of an ``eval loss`` result over a subset of its documents, e.g. the documents a rule was not chosen on.
+
+``ridgefill eval loss --docs 8 --novel-docs 8`` cuts the bundled evaluation books into 16 documents; six of
+them are the depth table's (``--docs 3 --novel-docs 3``), on which the default selection was chosen. This
+script recomputes, from the per-token NLLs the result file keeps, the all-token and key-token ΔNLL of every
+fill system over a subset of the documents, with the same key-token rule (``local − exact ≥ τ``,
+:func:`ridgefill.evaluate.loss.key_token_mask`) and document bootstrap
+(:func:`ridgefill.evaluate.loss.bootstrap_ci`, seed 0) as ``eval loss``; over all documents it gives the
+file's own ``summary`` figures. docs/evaluate.md, "Twelfth session".
+
+Usage::
+
+    python scripts/loss_subset.py loss.json --held-out-from 3,3   # the documents sharing no 32-token
+                                                                  # window with --docs 3 --novel-docs 3
+    python scripts/loss_subset.py loss.json --docs 0,1,6          # indices into the file's documents
+
+``--held-out-from P,N`` rebuilds both runs' documents from the bundled books with the bundled tokenizer
+(the file must come from a run on them, without ``--text``). Raises ``SystemExit`` with a message on a bad
+file, index or option.
+"""
+
+import argparse
+import json
+import lzma
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+WINDOW = 32  # tokens: documents sharing a window this long are not held out
+
+
+def load(path: str) -> dict:
+    opener = lzma.open if path.endswith(".xz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError, lzma.LZMAError) as e:
+        raise SystemExit(f"cannot read {path!r} as an eval loss result: {e}")
+    if data.get("kind") != "loss" or not data.get("documents"):
+        raise SystemExit(f"{path!r} is not an `ridgefill eval loss` result with per-document NLLs")
+    return data
+
+
+def subset_stats(data: dict, indices) -> list[dict]:
+    """Per fill system and document set (``all``, ``plain``, ``novel``): all-token mean ΔNLL and key-token
+    ΔNLL with its bootstrap interval over the documents ``indices`` of ``data``."""
+    from ridgefill.evaluate.loss import bootstrap_ci
+
+    docs = [data["documents"][i] for i in indices]
+    tau, out = data["tau"], []
+    for system in docs[0]["fill"]:
+        for which in ("all", "plain", "novel"):
+            chosen = [d for d in docs if which == "all" or d["set"] == which]
+            if not chosen:
+                continue
+            all_sum = all_n = 0.0
+            key_sums, key_counts = [], []
+            for d in chosen:
+                s = n = 0.0
+                for e, loc, f in zip(d["exact"], d["local"], d["fill"][system]):
+                    all_sum += f - e
+                    all_n += 1
+                    if loc - e >= tau:
+                        s += f - e
+                        n += 1
+                key_sums.append(s)
+                key_counts.append(n)
+            key = bootstrap_ci(key_sums, key_counts, resamples=data.get("resamples", 10000), seed=0) \
+                if sum(key_counts) else None
+            out.append({"system": system, "set": which, "docs": len(chosen), "all": all_sum / all_n,
+                        "key": None if key is None else [key.mean, key.lo, key.hi], "key_tokens": int(sum(key_counts))})
+    return out
+
+
+def held_out(data: dict, plain: int, novel: int) -> list[int]:
+    """Indices of ``data``'s documents that share no :data:`WINDOW`-token window with the documents of
+    ``--docs plain --novel-docs novel`` (same books, tokenizer, length and seed)."""
+    from ridgefill.assets import load_model
+    from ridgefill.evaluate.cli import _documents
+
+    argv = data.get("argv", [])
+    if "--text" in argv:
+        raise SystemExit("--held-out-from rebuilds documents from the bundled books; this run used --text")
+    _, tok, _ = load_model()
+    sets = data["document_sets"]
+
+    def docs(p, n):
+        a = SimpleNamespace(tail=data["tail"], doc_tokens=data["doc_tokens"], refit=0, docs=p, novel_docs=n,
+                            seed=data["seed"], text=None)
+        return _documents(a, tok)[0]
+
+    mine = docs(sets["plain"]["documents"], sets["novel"]["documents"])
+    if len(mine) != len(data["documents"]) or any(len(m) - 1 != data["doc_tokens"] for m in mine):
+        raise SystemExit("the rebuilt documents do not match the file's; was it made from the bundled books?")
+    theirs = set()
+    for d in docs(plain, novel):
+        theirs.update(tuple(d[k:k + WINDOW].tolist()) for k in range(len(d) - WINDOW + 1))
+    return [i for i, d in enumerate(mine)
+            if not any(tuple(d[k:k + WINDOW].tolist()) in theirs for k in range(len(d) - WINDOW + 1))]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("file", help="an `eval loss` result (.json or .json.xz)")
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--docs", help="comma-separated indices into the file's documents (default: all)")
+    group.add_argument("--held-out-from", metavar="P,N",
+                       help="the documents sharing no 32-token window with those of --docs P --novel-docs N")
+    a = ap.parse_args(argv)
+    data = load(a.file)
+    n = len(data["documents"])
+    try:
+        if a.held_out_from:
+            p, q = (int(x) for x in a.held_out_from.split(","))
+            indices = held_out(data, p, q)
+        elif a.docs:
+            indices = [int(x) for x in a.docs.split(",")]
+        else:
+            indices = list(range(n))
+    except ValueError:
+        raise SystemExit("--docs takes comma-separated integers, --held-out-from two (e.g. 3,3)")
+    if not indices or any(not 0 <= i < n for i in indices):
+        raise SystemExit(f"no documents chosen, or an index outside 0..{n - 1}: {indices}")
+    print(f"{a.file}: documents {indices} of {n}")
+    for r in subset_stats(data, indices):
+        key = "-" if r["key"] is None else f"{r['key'][0]:+.3f} [{r['key'][1]:+.3f}, {r['key'][2]:+.3f}]"
+        print(f"  {r['system']:16s} {r['set']:6s} docs {r['docs']:2d}  all {r['all']:+.3f}  key {key}"
+              f"  ({r['key_tokens']} key tokens)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
