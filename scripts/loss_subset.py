@@ -38,16 +38,18 @@ def load(path: str) -> dict:
     except (OSError, ValueError, lzma.LZMAError) as e:
         raise SystemExit(f"cannot read {path!r} as an eval loss result: {e}")
     if data.get("kind") != "loss" or not data.get("documents"):
-        raise SystemExit(f"{path!r} is not an `ridgefill eval loss` result with per-document NLLs")
+        raise SystemExit(f"{path!r} is not a `ridgefill eval loss` result with per-document NLLs "
+                         "(`eval depth` results are not read)")
     return data
 
 
 def subset_stats(data: dict, indices) -> list[dict]:
     """Per fill system and document set (``all``, ``plain``, ``novel``): all-token mean ΔNLL and key-token
-    ΔNLL with its bootstrap interval over the documents ``indices`` of ``data``."""
+    ΔNLL with its bootstrap interval (the run's seed, as ``eval loss``) over the documents ``indices`` of
+    ``data``, taken in the file's order."""
     from ridgefill.evaluate.loss import bootstrap_ci
 
-    docs = [data["documents"][i] for i in indices]
+    docs = [data["documents"][i] for i in sorted(set(indices))]
     tau, out = data["tau"], []
     for system in docs[0]["fill"]:
         for which in ("all", "plain", "novel"):
@@ -66,7 +68,8 @@ def subset_stats(data: dict, indices) -> list[dict]:
                         n += 1
                 key_sums.append(s)
                 key_counts.append(n)
-            key = bootstrap_ci(key_sums, key_counts, resamples=data.get("resamples", 10000), seed=0) \
+            key = bootstrap_ci(key_sums, key_counts, resamples=data.get("resamples", 10000),
+                               seed=data.get("seed", 0)) \
                 if sum(key_counts) else None
             out.append({"system": system, "set": which, "docs": len(chosen), "all": all_sum / all_n,
                         "key": None if key is None else [key.mean, key.lo, key.hi], "key_tokens": int(sum(key_counts))})
@@ -80,9 +83,12 @@ def held_out(data: dict, plain: int, novel: int) -> list[int]:
     from ridgefill.evaluate.cli import _documents
 
     argv = data.get("argv", [])
-    if "--text" in argv:
+    if any(a == "--text" or a.startswith("--text=") for a in argv) or "text" in data["document_sets"]:
         raise SystemExit("--held-out-from rebuilds documents from the bundled books; this run used --text")
-    _, tok, _ = load_model()
+    _, tok, name = load_model()
+    if data.get("model") != name:
+        raise SystemExit(f"--held-out-from rebuilds documents with the default model's tokenizer ({name}); "
+                         f"this run is of {data.get('model')!r}: choose its documents with --docs")
     sets = data["document_sets"]
 
     def docs(p, n):
@@ -111,18 +117,19 @@ def main(argv=None) -> int:
     data = load(a.file)
     n = len(data["documents"])
     try:
-        if a.held_out_from:
-            p, q = (int(x) for x in a.held_out_from.split(","))
-            indices = held_out(data, p, q)
-        elif a.docs:
-            indices = [int(x) for x in a.docs.split(",")]
-        else:
-            indices = list(range(n))
+        pair = [int(x) for x in a.held_out_from.split(",")] if a.held_out_from is not None else None
+        chosen = [int(x) for x in a.docs.split(",")] if a.docs is not None else None
     except ValueError:
         raise SystemExit("--docs takes comma-separated integers, --held-out-from two (e.g. 3,3)")
+    if pair is not None and len(pair) != 2:
+        raise SystemExit(f"--held-out-from takes two integers, plain and novel-text documents (e.g. 3,3); got {a.held_out_from!r}")
+    if chosen is not None and len(set(chosen)) != len(chosen):
+        raise SystemExit(f"--docs names a document twice: {chosen}")
+    indices = held_out(data, *pair) if pair is not None else chosen if chosen is not None else list(range(n))
     if not indices or any(not 0 <= i < n for i in indices):
         raise SystemExit(f"no documents chosen, or an index outside 0..{n - 1}: {indices}")
-    print(f"{a.file}: documents {indices} of {n}")
+    indices = sorted(indices)
+    print(f"{a.file}: documents {indices} of {n} (0-based indices into the file's documents)")
     for r in subset_stats(data, indices):
         key = "-" if r["key"] is None else f"{r['key'][0]:+.3f} [{r['key'][1]:+.3f}, {r['key'][2]:+.3f}]"
         print(f"  {r['system']:16s} {r['set']:6s} docs {r['docs']:2d}  all {r['all']:+.3f}  key {key}"

@@ -3,6 +3,7 @@ call a needle's value and key decode to that value and key, for every needle of 
 lexical selection part (``Select.parse("ngram")``) chooses those rows on the same cases."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 from ridgefill.assets import EVALUATION_BOOKS, load_model, load_texts
@@ -84,22 +85,38 @@ def test_ngram_coverage_weighing_filled_is_the_library_score():
 
 def test_loss_subset_matches_eval_loss_and_finds_the_held_out_documents():
     """``scripts/loss_subset.py`` over all documents of a kept ``eval loss`` result gives that run's own
-    summary (all-token and key-token ΔNLL and interval, per system and set); ``--held-out-from 3,3`` on the
-    16-document run keeps the 10 documents that share no 32-token window with the depth table's six, and
-    its own six are never held out from themselves."""
+    summary (all-token and key-token ΔNLL, every interval, per system and set); over the depth table's six
+    documents inside that 16-document run it gives the depth table's own S = 15 figures (another run, on
+    those six documents alone), in any order of the indices; ``--held-out-from 3,3`` keeps the 10 documents
+    that share no 32-token window with the depth table's six, and none when held out from all 16."""
+    import lzma
+
     subset = _script("loss_subset")
-    path = Path(__file__).resolve().parents[1] / "docs" / "results" / "loss-twelfth-8x8.json.xz"
-    data = subset.load(str(path))
+    results = Path(__file__).resolve().parents[1] / "docs" / "results"
+    data = subset.load(str(results / "loss-twelfth-8x8.json.xz"))
     n = len(data["documents"])
-    mine = {(r["system"], r["set"]): r for r in subset.subset_stats(data, range(n))}
-    checked = 0
-    for s in data["summary"]:
-        r = mine[(s["variant"], s["set"])]
-        got = r["all"] if s["tokens"] == "all" else r["key"][0]
-        assert abs(got - s["delta_nll"]["mean"]) < 1e-6, (s["variant"], s["set"], s["tokens"])
-        if s["tokens"] == "key" and s["set"] == "all":
-            assert max(abs(a - b) for a, b in zip(r["key"][1:], s["delta_nll"]["ci"])) < 1e-6
-        checked += 1
-    assert checked >= 12
-    assert subset.held_out(data, 3, 3) == [2, 3, 4, 5, 7, 10, 11, 12, 13, 15]
+
+    def check(rows, summary, prefix=""):
+        mine = {(r["system"], r["set"]): r for r in rows}
+        checked = 0
+        for s in summary:
+            if not s["variant"].startswith(prefix):
+                continue
+            r = mine[(s["variant"], s["set"])]
+            if s["tokens"] == "all":
+                assert abs(r["all"] - s["delta_nll"]["mean"]) < 1e-6, (s["variant"], s["set"])
+            else:
+                got = [r["key"][0], *r["key"][1:]]
+                want = [s["delta_nll"]["mean"], *s["delta_nll"]["ci"]]
+                assert max(abs(a - b) for a, b in zip(got, want)) < 1e-6, (s["variant"], s["set"], got, want)
+                assert r["key_tokens"] == s["delta_nll"]["tokens"]
+            checked += 1
+        return checked
+
+    assert check(subset.subset_stats(data, range(n)), data["summary"]) == 12
+    with lzma.open(results / "depth-twelfth.json.xz", "rt", encoding="utf-8") as f:
+        depth = json.load(f)
+    six = [14, 9, 8, 6, 1, 0]  # the depth table's documents inside the 16, given out of order
+    assert check(subset.subset_stats(data, six), depth["loss"]["summary"], prefix="15/") == 12
+    assert subset.held_out(data, 3, 3) == sorted(set(range(n)) - set(six))
     assert subset.held_out(data, 8, 8) == []
