@@ -3,11 +3,10 @@
 
 ``ridgefill eval loss --docs 8 --novel-docs 8`` cuts the bundled evaluation books into 16 documents; six of
 them are the depth table's (``--docs 3 --novel-docs 3``), on which the default selection was chosen. This
-script recomputes, from the per-token NLLs the result file keeps, the all-token and key-token ΔNLL of every
-fill system over a subset of the documents, with the same key-token rule (``local − exact ≥ τ``,
-:func:`ridgefill.evaluate.loss.key_token_mask`) and document bootstrap
-(:func:`ridgefill.evaluate.loss.bootstrap_ci`, seed 0) as ``eval loss``; over all documents it gives the
-file's own ``summary`` figures. docs/evaluate.md, "Twelfth session".
+script reruns ``eval loss``'s own summary (:func:`ridgefill.evaluate.loss.summarise`: the key-token rule
+``local − exact ≥ τ``, the document bootstrap, the run's seed) on the per-token NLLs the result file keeps,
+over a subset of its documents; over all documents it gives the file's own ``summary``. docs/evaluate.md,
+"Twelfth session".
 
 Usage::
 
@@ -44,36 +43,13 @@ def load(path: str) -> dict:
 
 
 def subset_stats(data: dict, indices) -> list[dict]:
-    """Per fill system and document set (``all``, ``plain``, ``novel``): all-token mean ΔNLL and key-token
-    ΔNLL with its bootstrap interval (the run's seed, as ``eval loss``) over the documents ``indices`` of
-    ``data``, taken in the file's order."""
-    from ridgefill.evaluate.loss import bootstrap_ci
+    """``eval loss``'s own summary (:func:`ridgefill.evaluate.loss.summarise`, with the run's ``τ``,
+    resamples and seed) over the documents ``indices`` of ``data``, taken in the file's order: rows
+    ``{"set", "tokens", "variant", "delta_nll", ...}`` as in the file's ``summary``."""
+    from ridgefill.evaluate.loss import DocScores, summarise
 
-    docs = [data["documents"][i] for i in sorted(set(indices))]
-    tau, out = data["tau"], []
-    for system in docs[0]["fill"]:
-        for which in ("all", "plain", "novel"):
-            chosen = [d for d in docs if which == "all" or d["set"] == which]
-            if not chosen:
-                continue
-            all_sum = all_n = 0.0
-            key_sums, key_counts = [], []
-            for d in chosen:
-                s = n = 0.0
-                for e, loc, f in zip(d["exact"], d["local"], d["fill"][system]):
-                    all_sum += f - e
-                    all_n += 1
-                    if loc - e >= tau:
-                        s += f - e
-                        n += 1
-                key_sums.append(s)
-                key_counts.append(n)
-            key = bootstrap_ci(key_sums, key_counts, resamples=data.get("resamples", 10000),
-                               seed=data.get("seed", 0)) \
-                if sum(key_counts) else None
-            out.append({"system": system, "set": which, "docs": len(chosen), "all": all_sum / all_n,
-                        "key": None if key is None else [key.mean, key.lo, key.hi], "key_tokens": int(sum(key_counts))})
-    return out
+    records = [DocScores(**data["documents"][i]) for i in sorted(set(indices))]
+    return summarise(records, tau=data["tau"], resamples=data.get("resamples", 10000), seed=data.get("seed", 0))
 
 
 def held_out(data: dict, plain: int, novel: int) -> list[int]:
@@ -131,9 +107,9 @@ def main(argv=None) -> int:
     indices = sorted(indices)
     print(f"{a.file}: documents {indices} of {n} (0-based indices into the file's documents)")
     for r in subset_stats(data, indices):
-        key = "-" if r["key"] is None else f"{r['key'][0]:+.3f} [{r['key'][1]:+.3f}, {r['key'][2]:+.3f}]"
-        print(f"  {r['system']:16s} {r['set']:6s} docs {r['docs']:2d}  all {r['all']:+.3f}  key {key}"
-              f"  ({r['key_tokens']} key tokens)")
+        e = r["delta_nll"]
+        print(f"  {r['variant']:16s} {r['set']:6s} {r['tokens']:3s} tokens ({e['tokens']:5d}, {e['docs']:2d} docs)  "
+              f"ΔNLL {e['mean']:+.3f} [{e['ci'][0]:+.3f}, {e['ci'][1]:+.3f}]")
     return 0
 
 

@@ -97,21 +97,14 @@ def test_loss_subset_matches_eval_loss_and_finds_the_held_out_documents():
     n = len(data["documents"])
 
     def check(rows, summary, prefix=""):
-        mine = {(r["system"], r["set"]): r for r in rows}
-        checked = 0
-        for s in summary:
-            if not s["variant"].startswith(prefix):
-                continue
-            r = mine[(s["variant"], s["set"])]
-            if s["tokens"] == "all":
-                assert abs(r["all"] - s["delta_nll"]["mean"]) < 1e-6, (s["variant"], s["set"])
-            else:
-                got = [r["key"][0], *r["key"][1:]]
-                want = [s["delta_nll"]["mean"], *s["delta_nll"]["ci"]]
-                assert max(abs(a - b) for a, b in zip(got, want)) < 1e-6, (s["variant"], s["set"], got, want)
-                assert r["key_tokens"] == s["delta_nll"]["tokens"]
-            checked += 1
-        return checked
+        mine = {(r["variant"], r["set"], r["tokens"]): r["delta_nll"] for r in rows}
+        want = [s for s in summary if s["variant"].startswith(prefix)]
+        for s in want:
+            got = mine[(s["variant"], s["set"], s["tokens"])]
+            assert got["tokens"] == s["delta_nll"]["tokens"] and got["docs"] == s["delta_nll"]["docs"]
+            assert max(abs(a - b) for a, b in zip([got["mean"], *got["ci"]],
+                                                  [s["delta_nll"]["mean"], *s["delta_nll"]["ci"]])) < 1e-6, s
+        return len(want)
 
     assert check(subset.subset_stats(data, range(n)), data["summary"]) == 12
     with lzma.open(results / "depth-twelfth.json.xz", "rt", encoding="utf-8") as f:
