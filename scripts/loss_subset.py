@@ -23,7 +23,6 @@ import argparse
 import json
 import lzma
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 WINDOW = 32  # tokens: documents sharing a window this long are not held out
