@@ -20,8 +20,6 @@ file, index or option.
 """
 
 import argparse
-import json
-import lzma
 import sys
 from types import SimpleNamespace
 
@@ -29,13 +27,15 @@ WINDOW = 32  # tokens: documents sharing a window this long are not held out
 
 
 def load(path: str) -> dict:
-    opener = lzma.open if path.endswith(".xz") else open
+    """An ``eval loss`` result with its per-document NLLs, read by :func:`ridgefill.evaluate.report.load_reports`."""
+    from ridgefill.errors import InputError
+    from ridgefill.evaluate.report import load_reports
+
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError, lzma.LZMAError) as e:
-        raise SystemExit(f"cannot read {path!r} as an eval loss result: {e}")
-    if data.get("kind") != "loss" or not data.get("documents"):
+        data = load_reports([path])[0]
+    except InputError as e:
+        raise SystemExit(str(e))
+    if data["kind"] != "loss" or not data.get("documents"):
         raise SystemExit(f"{path!r} is not a `ridgefill eval loss` result with per-document NLLs "
                          "(`eval depth` results are not read)")
     return data
@@ -89,6 +89,8 @@ def main(argv=None) -> int:
     group.add_argument("--held-out-from", metavar="P,N",
                        help="the documents sharing no 32-token window with those of --docs P --novel-docs N")
     a = ap.parse_args(argv)
+    from ridgefill.evaluate.report import fmt_delta
+
     data = load(a.file)
     n = len(data["documents"])
     try:
@@ -108,7 +110,7 @@ def main(argv=None) -> int:
     for r in subset_stats(data, indices):
         e = r["delta_nll"]
         print(f"  {r['variant']:16s} {r['set']:6s} {r['tokens']:3s} tokens ({e['tokens']:5d}, {e['docs']:2d} docs)  "
-              f"ΔNLL {e['mean']:+.3f} [{e['ci'][0]:+.3f}, {e['ci'][1]:+.3f}]")
+              f"ΔNLL {fmt_delta(e)}")
     return 0
 
 

@@ -3,11 +3,11 @@ call a needle's value and key decode to that value and key, for every needle of 
 lexical selection part (``Select.parse("ngram")``) chooses those rows on the same cases."""
 
 import importlib.util
-import json
 from pathlib import Path
 
 from ridgefill.assets import EVALUATION_BOOKS, load_model, load_texts
 from ridgefill.evaluate.needles import case_rng, haystack_sentences, make_case
+from ridgefill.evaluate.report import load_reports
 import torch
 
 from ridgefill.select import Select, choose_rows, ngram_scores
@@ -89,8 +89,6 @@ def test_loss_subset_matches_eval_loss_and_finds_the_held_out_documents():
     documents inside that 16-document run it gives the depth table's own S = 15 figures (another run, on
     those six documents alone), in any order of the indices; ``--held-out-from 3,3`` keeps the 10 documents
     that share no 32-token window with the depth table's six, and none when held out from all 16."""
-    import lzma
-
     subset = _script("loss_subset")
     results = Path(__file__).resolve().parents[1] / "docs" / "results"
     data = subset.load(str(results / "loss-twelfth-8x8.json.xz"))
@@ -107,8 +105,7 @@ def test_loss_subset_matches_eval_loss_and_finds_the_held_out_documents():
         return len(want)
 
     assert check(subset.subset_stats(data, range(n)), data["summary"]) == 12
-    with lzma.open(results / "depth-twelfth.json.xz", "rt", encoding="utf-8") as f:
-        depth = json.load(f)
+    depth = load_reports([results / "depth-twelfth.json.xz"])[0]
     six = [14, 9, 8, 6, 1, 0]  # the depth table's documents inside the 16, given out of order
     assert check(subset.subset_stats(data, six), depth["loss"]["summary"], prefix="15/") == 12
     assert subset.held_out(data, 3, 3) == sorted(set(range(n)) - set(six))
