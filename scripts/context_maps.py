@@ -11,8 +11,9 @@ key error + value error / 4, relative to the keys' variance). The filled rows st
 It is an experiment, not the library path: ``fit`` runs its own statistics pass (SmolLM2, ``S`` = 15 by
 default, the ``mix`` calibration set, 65,536 tokens, every 8th 1,024-token chunk held out) and saves a
 ``torch`` file; ``eval`` runs ``ridgefill eval ...`` with every filled row's late-layer K/V replaced by the
-maps' prediction through :func:`ridgefill.fill.prefill`'s ``kv_hook`` (the rows chosen by ``--select`` are
-exact and keep their exact K/V; the default maps' own prediction is overwritten by the hook).
+maps' prediction through :func:`ridgefill.fill.prefill`'s ``kv_hook`` in mode ``ridge`` (the rows chosen by
+``--select`` are exact and keep their exact K/V; row 0, the attention sink, which the fit leaves out, keeps the
+shipped maps' prediction when it is filled; every other filled row's prediction is overwritten by the hook).
 
 Usage::
 
@@ -54,6 +55,9 @@ def fit(args) -> None:
     from ridgefill.calibrate import calibration_chunks
 
     sets = [check_features(s) for s in args.features.split(";")]
+    if args.heldout_chunks < 1 or args.tokens < 8 * 1024:
+        raise SystemExit(f"--heldout-chunks {args.heldout_chunks} / --tokens {args.tokens}: λ is chosen on held-out "
+                         "chunks (every 8th 1,024-token chunk): give --heldout-chunks ≥ 1 and --tokens ≥ 8192")
     torch.set_num_threads(args.threads)
     model, tok, _ = load_model()
     ad = adapter_for(model)
@@ -128,8 +132,9 @@ def fit(args) -> None:
 def make_hook(model, ids: torch.Tensor, maps: dict, split: int, kind: str, name: str):
     """A :func:`ridgefill.fill.prefill` ``kv_hook`` that writes each filled row's late-layer K/V from the context
     maps ``maps`` (``{"W": [L-S-1, d·parts, k], "b": [L-S-1, k]}``, ``kind`` ``"inputs"`` or ``"kv"``, features
-    ``name``) instead of the prefill's own prediction. ``ids``: the ``[1, N]`` prompt; its split state is
-    computed here by running layers ``0..S`` (the same values as the prefill's)."""
+    ``name``) instead of the prefill's own prediction. Row 0 (the attention sink), which the fit leaves out, keeps
+    the K/V the prefill gave it. ``ids``: the ``[1, N]`` prompt; its split state is computed here by running
+    layers ``0..S`` (the same values as the prefill's), and RoPE comes from the whole prompt's tables."""
     from ridgefill.adapters import adapter_for
 
     ad = adapter_for(model)
@@ -145,8 +150,10 @@ def make_hook(model, ids: torch.Tensor, maps: dict, split: int, kind: str, name:
     def hook(layer, k, v, rows):
         i = layer - split - 1
         P = (F[rows] @ maps["W"][i].to(F) + maps["b"][i].to(F))[None]
-        kf, vf = ad.kv_from_targets(layer, P, ad.rope(rows, F)) if kind == "kv" else ad.kv(layer, P, ad.rope(rows, F))
-        return kf.to(k.dtype), vf.to(v.dtype)
+        r = rope.rows(rows)
+        kf, vf = ad.kv_from_targets(layer, P, r) if kind == "kv" else ad.kv(layer, P, r)
+        sink = (rows == 0).view(1, 1, -1, 1)
+        return torch.where(sink, k, kf.to(k.dtype)), torch.where(sink, v, vf.to(v.dtype))
     return hook
 
 
@@ -166,7 +173,11 @@ def evaluate(args) -> int:
     original = fill.prefill
 
     def patched(model, input_ids, maps_=None, **kw):
-        if kw.get("mode", "ridge") not in ("exact",):
+        if kw.get("mode", "ridge") != "exact":
+            if kw.get("mode", "ridge") != "ridge" or kw.get("kv_hook") is not None:
+                raise SystemExit(f"context maps replace mode 'ridge' only, without a kv_hook of its own; this run asks "
+                                 f"for mode {kw.get('mode')!r}{' with a kv_hook' if kw.get('kv_hook') else ''}: "
+                                 "pass --modes ridge, without splices or key scales")
             split = kw.get("split")
             split = getattr(maps_, "split", None) if split is None else split
             if split != S:

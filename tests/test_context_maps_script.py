@@ -34,6 +34,31 @@ def test_features_are_the_row_and_the_rows_before_it():
     torch.testing.assert_close(g[:2], cm.features(h, "h,prev")[:2], rtol=0, atol=0)  # causal
 
 
+def test_hook_writes_the_context_maps_prediction_and_keeps_row_0():
+    cm = _script()
+    model = tiny_llama(seed=3, hidden=96)
+    ids = torch.randint(0, 101, (1, 60), generator=torch.Generator().manual_seed(5))
+    maps = oracle_maps(model, ids, S)  # maps that predict every late layer's input exactly on these ids
+    out = reference(model, ids)
+    zero = torch.zeros_like(maps.weights)
+    rows = torch.arange(54)
+    heads, dim = out.cache.layers[0].keys.shape[1], out.cache.layers[0].keys.shape[3]
+    given = torch.randn(1, heads, 54, dim), torch.randn(1, heads, 54, dim)  # what the prefill would write
+    for name, w in (("h,prev", torch.cat([maps.weights, zero], 1)), ("prev,h", torch.cat([zero, maps.weights], 1))):
+        hook = cm.make_hook(model, ids, {"W": w, "b": maps.biases}, S, "inputs", name)
+        for layer in range(S + 1, model.config.num_hidden_layers):
+            k, v = hook(layer, *given, rows)
+            exact = out.cache.layers[layer]
+            torch.testing.assert_close(k[:, :, 1:], exact.keys[:, :, 1:54], rtol=0, atol=5e-4)
+            torch.testing.assert_close(v[:, :, 1:], exact.values[:, :, 1:54], rtol=0, atol=5e-4)
+            torch.testing.assert_close(k[:, :, 0], given[0][:, :, 0], rtol=0, atol=0)  # row 0: the prefill's own
+            torch.testing.assert_close(v[:, :, 0], given[1][:, :, 0], rtol=0, atol=0)
+    # a map that reads the wrong block does not give the exact K/V: the test can fail
+    hook = cm.make_hook(model, ids, {"W": torch.cat([zero, maps.weights], 1), "b": maps.biases}, S, "inputs", "h,prev")
+    k, _ = hook(S + 1, *given, rows)
+    assert (k[:, :, 1:] - out.cache.layers[S + 1].keys[:, :, 1:54]).abs().max() > 1e-2
+
+
 def test_hook_with_the_context_block_zero_equals_the_prefills_own_maps():
     cm = _script()
     model = tiny_llama(seed=3, hidden=96)
