@@ -22,6 +22,19 @@ def _script():
     return module
 
 
+def _oracle_case():
+    """The script, a tiny model, a prompt, oracle maps (they predict every late layer's input exactly on it), the
+    exact forward, and the oracle maps placed in either block of ``h,prev`` / ``prev,h`` context features (the
+    other block zero), with the same features' name; also the wrong placement (``[0; W]`` read as ``h,prev``)."""
+    cm = _script()
+    model = tiny_llama(seed=3, hidden=96)
+    ids = torch.randint(0, 101, (1, 60), generator=torch.Generator().manual_seed(5))
+    maps = oracle_maps(model, ids, S)
+    zero = torch.zeros_like(maps.weights)
+    placed = (("h,prev", torch.cat([maps.weights, zero], 1)), ("prev,h", torch.cat([zero, maps.weights], 1)))
+    return cm, model, ids, maps, reference(model, ids), placed, torch.cat([zero, maps.weights], 1)
+
+
 def test_features_are_the_row_and_the_rows_before_it():
     cm = _script()
     h = torch.arange(12.0).view(4, 3)
@@ -35,16 +48,11 @@ def test_features_are_the_row_and_the_rows_before_it():
 
 
 def test_hook_writes_the_context_maps_prediction_and_keeps_row_0():
-    cm = _script()
-    model = tiny_llama(seed=3, hidden=96)
-    ids = torch.randint(0, 101, (1, 60), generator=torch.Generator().manual_seed(5))
-    maps = oracle_maps(model, ids, S)  # maps that predict every late layer's input exactly on these ids
-    out = reference(model, ids)
-    zero = torch.zeros_like(maps.weights)
+    cm, model, ids, maps, out, placed, wrong = _oracle_case()
     rows = torch.arange(54)
     heads, dim = out.cache.layers[0].keys.shape[1], out.cache.layers[0].keys.shape[3]
     given = torch.randn(1, heads, 54, dim), torch.randn(1, heads, 54, dim)  # what the prefill would write
-    for name, w in (("h,prev", torch.cat([maps.weights, zero], 1)), ("prev,h", torch.cat([zero, maps.weights], 1))):
+    for name, w in placed:
         hook = cm.make_hook(model, ids, {"W": w, "b": maps.biases}, S, "inputs", name)
         for layer in range(S + 1, model.config.num_hidden_layers):
             k, v = hook(layer, *given, rows)
@@ -54,25 +62,20 @@ def test_hook_writes_the_context_maps_prediction_and_keeps_row_0():
             torch.testing.assert_close(k[:, :, 0], given[0][:, :, 0], rtol=0, atol=0)  # row 0: the prefill's own
             torch.testing.assert_close(v[:, :, 0], given[1][:, :, 0], rtol=0, atol=0)
     # a map that reads the wrong block does not give the exact K/V: the test can fail
-    hook = cm.make_hook(model, ids, {"W": torch.cat([zero, maps.weights], 1), "b": maps.biases}, S, "inputs", "h,prev")
+    hook = cm.make_hook(model, ids, {"W": wrong, "b": maps.biases}, S, "inputs", "h,prev")
     k, _ = hook(S + 1, *given, rows)
     assert (k[:, :, 1:] - out.cache.layers[S + 1].keys[:, :, 1:54]).abs().max() > 1e-2
 
 
 def test_hook_with_the_context_block_zero_equals_the_prefills_own_maps():
-    cm = _script()
-    model = tiny_llama(seed=3, hidden=96)
-    ids = torch.randint(0, 101, (1, 60), generator=torch.Generator().manual_seed(5))
-    maps = oracle_maps(model, ids, S)  # maps that predict every late layer's input exactly on these ids
-    out = reference(model, ids)
-    zero = torch.zeros_like(maps.weights)
-    for name, w in (("h,prev", torch.cat([maps.weights, zero], 1)), ("prev,h", torch.cat([zero, maps.weights], 1))):
+    cm, model, ids, maps, out, placed, wrong = _oracle_case()
+    for name, w in placed:
         hook = cm.make_hook(model, ids, {"W": w, "b": maps.biases}, S, "inputs", name)
         res = prefill(model, ids, maps, tail=6, mode="ridge", logits="exact", kv_hook=hook)
         for layer in range(model.config.num_hidden_layers):
             torch.testing.assert_close(res.cache.layers[layer].keys, out.cache.layers[layer].keys, rtol=0, atol=5e-4)
             torch.testing.assert_close(res.cache.layers[layer].values, out.cache.layers[layer].values, rtol=0, atol=5e-4)
     # a map that reads the wrong block is not the exact fill: the test can fail
-    hook = cm.make_hook(model, ids, {"W": torch.cat([zero, maps.weights], 1), "b": maps.biases}, S, "inputs", "h,prev")
+    hook = cm.make_hook(model, ids, {"W": wrong, "b": maps.biases}, S, "inputs", "h,prev")
     res = prefill(model, ids, maps, tail=6, mode="ridge", logits="exact", kv_hook=hook)
     assert (res.cache.layers[S + 1].keys - out.cache.layers[S + 1].keys).abs().max() > 1e-2
