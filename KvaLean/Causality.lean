@@ -16,16 +16,43 @@ structure Decoder (Tok State Cache : Type) where
   `0, …, t` (causal attention or a recurrence). -/
   layer : (l : Nat) → (t : Nat) → State → (Fin (t + 1) → Cache) → State
 
-/-- A fill plan: run layers `0..split` exactly; for every layer `l > split`, a `filled` row only
-writes its cache entry, computed from the predicted input `map l h_S` (`h_S` = the row's output of
-layer `split`). Rows that are not filled run every layer. -/
+/-- A fill plan: run layers `0..split` exactly; for every layer `l > split`, a `filled` row `t` only
+writes its cache entry, computed from the predicted input `map l t h_S`, where `h_S i` is row `i`'s
+output of layer `split` for the rows `i = 0..t`: the prediction may read the split states of the row
+and of the rows before it (a causal context), never of a later row. Rows that are not filled run
+every layer. -/
 structure FillPlan (State : Type) where
   /-- The split layer `S`. -/
   split : Nat
   /-- Which rows are filled (the others, including every decoding step, are exact rows). -/
   filled : Nat → Bool
-  /-- The predictor of layer `l`'s input from `h_S` (`ridgefill.fill.predict_inputs`). -/
-  map : Nat → State → State
+  /-- The predictor of layer `l`'s input at row `t` from the split states `h_S` of rows `0..t`
+  (`ridgefill.fill.predict_inputs` on `ridgefill.fill.context_features`: the row's own `h_S`, and
+  with context maps also the previous row's). -/
+  map : (l : Nat) → (t : Nat) → (Fin (t + 1) → State) → State
+
+namespace FillPlan
+
+variable {State : Type}
+
+/-- The plain maps of `ridgefill.fill.prefill`: the prediction of layer `l`'s input at row `t` reads
+only the row's own split state, `f l (h_S t)` (`ridgefill.fill.context_features` without context). -/
+@[expose] def ofRowMap (split : Nat) (filled : Nat → Bool) (f : Nat → State → State) :
+    FillPlan State where
+  split := split
+  filled := filled
+  map := fun l t hs => f l (hs (Fin.last t))
+
+/-- The context maps of `ridgefill.fill.prefill`: the prediction of layer `l`'s input at row `t`
+reads the row's own split state and the previous row's, `f l (h_S t) (h_S (t - 1))`, with `zero`
+standing for the state before row `0` (`ridgefill.fill.context_features` puts zeros there). -/
+@[expose] def ofContextMap (split : Nat) (filled : Nat → Bool) (zero : State)
+    (f : Nat → State → State → State) : FillPlan State where
+  split := split
+  filled := filled
+  map := fun l t hs => f l (hs (Fin.last t)) (if t = 0 then zero else hs ⟨t - 1, by omega⟩)
+
+end FillPlan
 
 namespace Decoder
 
@@ -40,18 +67,19 @@ variable {Tok State Cache : Type} (D : Decoder Tok State Cache)
 @[expose] def exactCache (tok : Nat → Tok) (l t : Nat) : Cache := D.cache l t (D.input tok l t)
 
 /-- Filled model: the input of layer `l` at row `t`. Layer `l` attends to the mixed cache: for
-`l > S` a filled row `j` contributes `cache l j (map l h_S(j))` (at its own position `j`), every
-other row its own entry. -/
+`l > S` a filled row `j` contributes `cache l j (map l j h_S)` (at its own position `j`, predicted
+from the split states `h_S` of rows `0..j`), every other row its own entry. -/
 @[expose] def fillInput (tok : Nat → Tok) (P : FillPlan State) : Nat → Nat → State
   | 0, t => D.embed (tok t)
   | l + 1, t => D.layer l t (fillInput tok P l t) (fun j =>
       if P.split < l ∧ P.filled j.val = true then
-        D.cache l j.val (P.map l (D.input tok (P.split + 1) j.val))
+        D.cache l j.val (P.map l j.val (fun i => D.input tok (P.split + 1) i.val))
       else D.cache l j.val (fillInput tok P l j.val))
 
 /-- Filled model: the cache entry of row `t` at layer `l`. -/
 @[expose] def fillCache (tok : Nat → Tok) (P : FillPlan State) (l t : Nat) : Cache :=
-  if P.split < l ∧ P.filled t = true then D.cache l t (P.map l (D.input tok (P.split + 1) t))
+  if P.split < l ∧ P.filled t = true then
+    D.cache l t (P.map l t (fun i => D.input tok (P.split + 1) i.val))
   else D.cache l t (D.fillInput tok P l t)
 
 /-- One step of the filled model: layer `l` at row `t` reads the filled-model cache entries of
@@ -59,6 +87,36 @@ rows `0..t`. Unfolding lemma for `ridgefill.fill.prefill`. -/
 theorem fillInput_succ (tok : Nat → Tok) (P : FillPlan State) (l t : Nat) :
     D.fillInput tok P (l + 1) t =
       D.layer l t (D.fillInput tok P l t) (fun j => D.fillCache tok P l j.val) := rfl
+
+/-- A filled row above the split writes the cache entry of its prediction from the split states of
+rows `0..t`: `fillCache l t = cache l t (map l t h_S)`. Unfolding lemma for the filled rows of
+`ridgefill.fill.prefill`. -/
+theorem fillCache_of_filled (tok : Nat → Tok) (P : FillPlan State) (l t : Nat) (hl : P.split < l)
+    (ht : P.filled t = true) :
+    D.fillCache tok P l t = D.cache l t (P.map l t (fun i => D.input tok (P.split + 1) i.val)) := by
+  unfold fillCache
+  rw [if_pos (And.intro hl ht)]
+
+/-- With the plain maps (`FillPlan.ofRowMap`) a filled row `t` above the split writes
+`cache l t (f l h_S(t))`: the prediction reads the row's own split state only. Constrains
+`ridgefill.fill.context_features` (no context: the row's own `h_S`) and `ridgefill.fill.prefill`. -/
+theorem fillCache_ofRowMap (tok : Nat → Tok) (split : Nat) (filled : Nat → Bool)
+    (f : Nat → State → State) (l t : Nat) (hl : split < l) (ht : filled t = true) :
+    D.fillCache tok (FillPlan.ofRowMap split filled f) l t =
+      D.cache l t (f l (D.input tok (split + 1) t)) :=
+  D.fillCache_of_filled tok (FillPlan.ofRowMap split filled f) l t hl ht
+
+/-- With the context maps (`FillPlan.ofContextMap`) a filled row `t` above the split writes
+`cache l t (f l h_S(t) h_S(t − 1))` for `t ≥ 1` and `cache l 0 (f l h_S(0) zero)` for row `0`: the
+prediction reads the row's own split state and the previous row's (`zero` before row `0`), both
+exact (`lower_layers_exact`). Constrains `ridgefill.fill.context_features` (features
+`[h_S(t), h_S(t − 1)]`, zeros before row `0`) and `ridgefill.fill.prefill` with context maps. -/
+theorem fillCache_ofContextMap (tok : Nat → Tok) (split : Nat) (filled : Nat → Bool) (zero : State)
+    (f : Nat → State → State → State) (l t : Nat) (hl : split < l) (ht : filled t = true) :
+    D.fillCache tok (FillPlan.ofContextMap split filled zero f) l t =
+      D.cache l t (f l (D.input tok (split + 1) t)
+        (if t = 0 then zero else D.input tok (split + 1) (t - 1))) :=
+  D.fillCache_of_filled tok (FillPlan.ofContextMap split filled zero f) l t hl ht
 
 /-- **Causality of the exact model**: a row's layer inputs depend only on tokens `0..t`.
 Constrains the `exact` mode of `ridgefill.fill.prefill`. -/
@@ -78,6 +136,15 @@ theorem input_causal (tok tok' : Nat → Tok) :
       rw [input_causal tok tok' l j.val (fun i hi => h i (by omega))]
     exact congr (congrArg (D.layer l t) e1) e2
 
+/-- The layer-`l` inputs of rows `0..t` (for `l = S + 1`: the split states a filled row's prediction
+reads) depend only on the tokens `0..t`. Substrate for `filled_causal`: a prediction from the
+row's own split state and the earlier rows' (`ridgefill.fill.context_features`) stays causal in
+`ridgefill.fill.prefill`. -/
+theorem input_prefix_causal (tok tok' : Nat → Tok) (l t : Nat) (h : ∀ j, j ≤ t → tok j = tok' j) :
+    (fun i : Fin (t + 1) => D.input tok l i.val) = (fun i : Fin (t + 1) => D.input tok' l i.val) :=
+  funext fun i => D.input_causal tok tok' l i.val fun j hj =>
+    h j (Nat.le_trans hj (Nat.le_of_lt_succ i.isLt))
+
 /-- Causality of the filled model's layer inputs (helper for `filled_causal`). Constrains
 `ridgefill.fill.prefill`. -/
 theorem fillInput_causal (tok tok' : Nat → Tok) (P : FillPlan State) :
@@ -95,18 +162,20 @@ theorem fillInput_causal (tok tok' : Nat → Tok) (P : FillPlan State) :
       have h' : ∀ i, i ≤ j.val → tok i = tok' i := fun i hi => h i (by omega)
       show D.fillCache tok P l j.val = D.fillCache tok' P l j.val
       unfold fillCache
-      rw [fillInput_causal tok tok' P l j.val h', D.input_causal tok tok' (P.split + 1) j.val h']
+      rw [fillInput_causal tok tok' P l j.val h', D.input_prefix_causal tok tok' (P.split + 1) j.val h']
     exact congr (congrArg (D.layer l t) e1) e2
 
 /-- **`filled_causal`**: in the filled model, the cache entry and every layer input (hence the
-output) of row `t` depend only on the tokens `0..t` — filling never lets a row see the future.
-Constrains `ridgefill.fill.prefill` (all modes). -/
+output) of row `t` depend only on the tokens `0..t` — filling never lets a row see the future, for
+any predictor that reads the split states of rows `0..t` (the plain maps, `FillPlan.ofRowMap`, and
+the context maps, `FillPlan.ofContextMap`, that also read the previous row's). Constrains
+`ridgefill.fill.prefill` (all modes) and `ridgefill.fill.context_features`. -/
 theorem filled_causal (tok tok' : Nat → Tok) (P : FillPlan State) (l t : Nat)
     (h : ∀ j, j ≤ t → tok j = tok' j) :
     D.fillInput tok P l t = D.fillInput tok' P l t ∧ D.fillCache tok P l t = D.fillCache tok' P l t := by
   refine ⟨D.fillInput_causal tok tok' P l t h, ?_⟩
   unfold fillCache
-  rw [D.fillInput_causal tok tok' P l t h, D.input_causal tok tok' (P.split + 1) t h]
+  rw [D.fillInput_causal tok tok' P l t h, D.input_prefix_causal tok tok' (P.split + 1) t h]
 
 /-- **`lower_layers_exact`**: layers `0..S` are exact for every row, filled or not: the inputs of
 layers `0..S+1` (in particular `h_S`) and the cache entries of layers `0..S` coincide with the
@@ -142,7 +211,8 @@ prompt) produces exactly the exact model's output. Constrains `ridgefill.fill.pr
 only enter through the filled rows' cache entries. -/
 theorem exact_rows_exact (tok : Nat → Tok) (P : FillPlan State)
     (hfill : ∀ l t, P.split < l → P.filled t = true →
-      D.cache l t (P.map l (D.input tok (P.split + 1) t)) = D.cache l t (D.input tok l t)) :
+      D.cache l t (P.map l t (fun i => D.input tok (P.split + 1) i.val)) =
+        D.cache l t (D.input tok l t)) :
     ∀ l t, D.fillInput tok P l t = D.input tok l t ∧ D.fillCache tok P l t = D.exactCache tok l t
   | 0, t => by
     refine ⟨rfl, ?_⟩
@@ -171,7 +241,8 @@ kept exact, or a decoding step) equals the exact model's output. Constrains
 `ridgefill.fill.prefill`. -/
 theorem exact_row_output (tok : Nat → Tok) (P : FillPlan State)
     (hfill : ∀ l t, P.split < l → P.filled t = true →
-      D.cache l t (P.map l (D.input tok (P.split + 1) t)) = D.cache l t (D.input tok l t))
+      D.cache l t (P.map l t (fun i => D.input tok (P.split + 1) i.val)) =
+        D.cache l t (D.input tok l t))
     (L t : Nat) : D.fillInput tok P L t = D.input tok L t :=
   (D.exact_rows_exact tok P hfill L t).1
 
@@ -185,19 +256,24 @@ theorem exact_mode (tok : Nat → Tok) (P : FillPlan State) (hnone : ∀ t, P.fi
 (1) layer `l` of row `t` reads a cache entry for *every* row `j ≤ t` (none is skipped or evicted);
 (2) the entry of row `t` is the layer's own cache function at the row's own position `t` (RoPE at
 `t`, also for a filled row) applied either to the row's exact
-layer input, or — only for a filled row above the split — to the prediction `map l h_S`, where
-`h_S` is the filled model's own output of layer `S`. Constrains `ridgefill.fill.prefill`. -/
+layer input, or — only for a filled row above the split — to the prediction `map l t h_S`, where
+`h_S` gives the filled model's own outputs of layer `S` at rows `0..t`. Constrains
+`ridgefill.fill.prefill`. -/
 theorem no_token_dropped (tok : Nat → Tok) (P : FillPlan State) (l t : Nat) :
     D.fillInput tok P (l + 1) t =
         D.layer l t (D.fillInput tok P l t) (fun j => D.fillCache tok P l j.val) ∧
       (D.fillCache tok P l t = D.cache l t (D.fillInput tok P l t) ∨
         (P.split < l ∧ P.filled t = true ∧
-          D.fillCache tok P l t = D.cache l t (P.map l (D.fillInput tok P (P.split + 1) t)))) := by
+          D.fillCache tok P l t =
+            D.cache l t (P.map l t (fun i => D.fillInput tok P (P.split + 1) i.val)))) := by
   refine ⟨rfl, ?_⟩
   by_cases hc : P.split < l ∧ P.filled t = true
   · refine Or.inr ⟨hc.1, hc.2, ?_⟩
-    unfold fillCache
-    rw [if_pos hc, D.lower_layers_exact tok P (P.split + 1) (Nat.le_refl _) t]
+    have hS : (fun i : Fin (t + 1) => D.fillInput tok P (P.split + 1) i.val) =
+        (fun i : Fin (t + 1) => D.input tok (P.split + 1) i.val) :=
+      funext fun i => D.lower_layers_exact tok P (P.split + 1) (Nat.le_refl _) i.val
+    rw [hS]
+    exact D.fillCache_of_filled tok P l t hc.1 hc.2
   · refine Or.inl ?_
     unfold fillCache
     rw [if_neg hc]
@@ -236,7 +312,8 @@ be chosen from the whole prompt, `filled = sel tok` (the two-pass selection of
 stays causal: if two prompts agree on the tokens `0..t` and the selection agrees on the rows `0..t`,
 row `t` has the same layer inputs and cache entries in both. The selection itself may depend on
 later tokens (`selection_not_causal`). Constrains `ridgefill.fill.prefill` with a selection. -/
-theorem selected_causal (sel : (Nat → Tok) → Nat → Bool) (split : Nat) (map : Nat → State → State)
+theorem selected_causal (sel : (Nat → Tok) → Nat → Bool) (split : Nat)
+    (map : (l : Nat) → (t : Nat) → (Fin (t + 1) → State) → State)
     (tok tok' : Nat → Tok) (l t : Nat) (htok : ∀ j, j ≤ t → tok j = tok' j)
     (hsel : ∀ j, j ≤ t → sel tok j = sel tok' j) :
     D.fillInput tok ⟨split, sel tok, map⟩ l t = D.fillInput tok' ⟨split, sel tok', map⟩ l t ∧
@@ -263,8 +340,8 @@ layer `1`. Constrains `ridgefill.fill.prefill` with a selection: `selected_causa
 given the selection), `filled_causal` does not extend to the prompt-dependent plan. -/
 theorem selection_not_causal :
     ∃ tok tok' : Nat → Nat, tok 0 = tok' 0 ∧
-      toy.fillInput tok ⟨0, toySel tok, fun _ _ => 0⟩ 2 0 ≠
-        toy.fillInput tok' ⟨0, toySel tok', fun _ _ => 0⟩ 2 0 :=
+      toy.fillInput tok ⟨0, toySel tok, fun _ _ _ => 0⟩ 2 0 ≠
+        toy.fillInput tok' ⟨0, toySel tok', fun _ _ _ => 0⟩ 2 0 :=
   ⟨fun j => if j = 1 then 1 else 5, fun _ => 5, rfl, by decide⟩
 
 /-- Decoding a row `t` over a given cache `C` (`C l j`: the entry of row `j < t` at layer `l`, as

@@ -70,20 +70,21 @@ theorem affineMap_idMat_zero {n : Nat} (h : Fin n → α) : affineMap idMat (fun
 
 /-- **`identity_fill_eq`**: filling with the affine predictor `W_l = I`, `b_l = 0` is the
 identity fill (`x̂_l = h_S` for every late layer): the filled model's layer inputs and cache
-entries are those of the plan whose map is the identity. Constrains the `identity` mode of
-`ridgefill.fill.prefill` and `ridgefill.fill.predict_inputs`. -/
+entries are those of the plan whose map is the identity (both plain row maps,
+`FillPlan.ofRowMap`). Constrains the `identity` mode of `ridgefill.fill.prefill` and
+`ridgefill.fill.predict_inputs`. -/
 theorem identity_fill_eq {Tok Cache : Type} {n : Nat} (D : Decoder Tok (Fin n → α) Cache)
     (tok : Nat → Tok) (S : Nat) (filled : Nat → Bool) (l t : Nat) :
-    D.fillInput tok ⟨S, filled, fun _ => affineMap idMat (fun _ => 0)⟩ l t =
-        D.fillInput tok ⟨S, filled, fun _ h => h⟩ l t ∧
-      D.fillCache tok ⟨S, filled, fun _ => affineMap idMat (fun _ => 0)⟩ l t =
-        D.fillCache tok ⟨S, filled, fun _ h => h⟩ l t := by
+    D.fillInput tok (FillPlan.ofRowMap S filled fun _ => affineMap idMat (fun _ => 0)) l t =
+        D.fillInput tok (FillPlan.ofRowMap S filled fun _ h => h) l t ∧
+      D.fillCache tok (FillPlan.ofRowMap S filled fun _ => affineMap idMat (fun _ => 0)) l t =
+        D.fillCache tok (FillPlan.ofRowMap S filled fun _ h => h) l t := by
   have e : (fun (_ : Nat) => affineMap (idMat (α := α) (n := n)) (fun _ => 0)) =
       fun (_ : Nat) (h : Fin n → α) => h :=
     funext fun _ => funext fun h => affineMap_idMat_zero h
-  have eP : (⟨S, filled, fun _ => affineMap idMat (fun _ => 0)⟩ : FillPlan (Fin n → α)) =
-      ⟨S, filled, fun _ h => h⟩ :=
-    congrArg (fun mp => (⟨S, filled, mp⟩ : FillPlan (Fin n → α))) e
+  have eP : (FillPlan.ofRowMap S filled fun _ => affineMap idMat (fun _ => 0) : FillPlan (Fin n → α)) =
+      FillPlan.ofRowMap S filled fun _ h => h :=
+    congrArg (FillPlan.ofRowMap S filled) e
   rw [eP]
   exact ⟨rfl, rfl⟩
 

@@ -16,9 +16,9 @@ open Lean.Grind
 states and `dC` on cache entries (valued in a linearly ordered field), Lipschitz cache maps
 (`dC(cache_p x, cache_p y) ≤ K_c dS(x, y)` at every position `p`), Lipschitz layers (`dS(layer x c, layer y c') ≤
 K_x dS(x, y) + K_a e` when every pair of cache entries is within `e`) and fill errors at most `δ`
-(`dS(x̂_l, x_l) ≤ δ` for every filled row and layer `l > S`), every layer input and cache entry of
-the filled model is within an explicit bound of the exact model's, growing with depth like
-`(K_x + K_a K_c)^l` and linear in `δ`.
+(`dS(x̂_l, x_l) ≤ δ` for every filled row and layer `l > S`, whatever causal context the prediction
+`x̂_l` reads), every layer input and cache entry of the filled model is within an explicit bound of
+the exact model's, growing with depth like `(K_x + K_a K_c)^l` and linear in `δ`.
 -/
 
 /-- The error bound of `Decoder.fill_err_le`: `B₀ = 0`, `B_{l+1} = K_x B_l + K_a K_c (B_l + δ)`. -/
@@ -59,7 +59,7 @@ theorem fillCache_err_le_of {Tok State Cache : Type} (D : Decoder Tok State Cach
     (hx : 0 ≤ Kx) (ha : 0 ≤ Ka) (hc : 0 ≤ Kc) (hδ : 0 ≤ δ)
     (hcache : ∀ l p x y, dC (D.cache l p x) (D.cache l p y) ≤ Kc * dS x y)
     (hfill : ∀ l t, P.split < l → P.filled t = true →
-      dS (P.map l (D.input tok (P.split + 1) t)) (D.input tok l t) ≤ δ)
+      dS (P.map l t (fun i => D.input tok (P.split + 1) i.val)) (D.input tok l t) ≤ δ)
     (l t : Nat) (hin : dS (D.fillInput tok P l t) (D.input tok l t) ≤ errBound Kx Ka Kc δ l) :
     dC (D.fillCache tok P l t) (D.exactCache tok l t) ≤ Kc * (errBound Kx Ka Kc δ l + δ) := by
   have hB := errBound_nonneg hx ha hc hδ l
@@ -68,7 +68,7 @@ theorem fillCache_err_le_of {Tok State Cache : Type} (D : Decoder Tok State Cach
   unfold fillCache exactCache
   by_cases hf : P.split < l ∧ P.filled t = true
   · rw [if_pos hf]
-    have h1 := hcache l t (P.map l (D.input tok (P.split + 1) t)) (D.input tok l t)
+    have h1 := hcache l t (P.map l t (fun i => D.input tok (P.split + 1) i.val)) (D.input tok l t)
     have h2 := OrderedRing.mul_le_mul_of_nonneg_left (hfill l t hf.1 hf.2) hc
     grind
   · rw [if_neg hf]
@@ -78,7 +78,8 @@ theorem fillCache_err_le_of {Tok State Cache : Type} (D : Decoder Tok State Cach
 
 /-- **`fill_err_le`** (a quantitative version of `exact_rows_exact`): with Lipschitz cache maps
 (constant `K_c`) and layers (`K_x` in the row's input, `K_a` in the cache entries it reads), and
-every filled row's predicted input `x̂_l = map_l(h_S)` within `δ` of its exact layer input `x_l` at
+every filled row's predicted input `x̂_l = map l t h_S` (from the split states of rows `0..t`: the
+row's own, and with context maps the previous row's) within `δ` of its exact layer input `x_l` at
 every layer `l > S`, every layer input of the filled model is within `B_l` of the exact model's and
 every cache entry within `K_c (B_l + δ)`, where `B₀ = 0`, `B_{l+1} = K_x B_l + K_a K_c (B_l + δ)`
 (`errBound`). In particular every exact row's output (a kept prompt row, the last row, a decoding
@@ -91,7 +92,7 @@ theorem fill_err_le {Tok State Cache : Type} (D : Decoder Tok State Cache) (tok 
     (hlayer : ∀ l t x y (c c' : Fin (t + 1) → Cache) (e : α), (∀ j, dC (c j) (c' j) ≤ e) →
       dS (D.layer l t x c) (D.layer l t y c') ≤ Kx * dS x y + Ka * e)
     (hfill : ∀ l t, P.split < l → P.filled t = true →
-      dS (P.map l (D.input tok (P.split + 1) t)) (D.input tok l t) ≤ δ) :
+      dS (P.map l t (fun i => D.input tok (P.split + 1) i.val)) (D.input tok l t) ≤ δ) :
     ∀ l t, dS (D.fillInput tok P l t) (D.input tok l t) ≤ errBound Kx Ka Kc δ l ∧
       dC (D.fillCache tok P l t) (D.exactCache tok l t) ≤ Kc * (errBound Kx Ka Kc δ l + δ)
   | 0, t => by

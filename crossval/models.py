@@ -45,10 +45,11 @@ def random_text(seed: int, chars: int) -> str:
 
 
 @functools.cache
-def fitted_maps(index: int, split: int, lam: float | str = "auto") -> RidgeMaps:
-    """Maps for ``tiny_llama(index)`` at ``split``, calibrated on 1024 random tokens (chunks of 64)."""
+def fitted_maps(index: int, split: int, lam: float | str = "auto", context: int = 0) -> RidgeMaps:
+    """Maps for ``tiny_llama(index)`` at ``split``, calibrated on 1024 random tokens (chunks of 64); with
+    ``context = 1``, context maps (input ``[h_S(t), h_S(t−1)]``, :func:`ridgefill.fill.context_features`)."""
     return calibrate(tiny_llama(index), CharTokenizer(), [random_text(index, 1024)], split=split, tokens=1024,
-                     chunk=64, lam=lam, model_name=f"tiny-{index}", progress=False)
+                     chunk=64, lam=lam, model_name=f"tiny-{index}", progress=False, context=context)
 
 
 @torch.no_grad()

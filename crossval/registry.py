@@ -49,6 +49,7 @@ _SOLVE = ("ridgefill.ridge.solve_ridge",)
 _FIT = ("ridgefill.ridge.fit_maps", "ridgefill.ridge.solve_ridge")
 _FILL = ("ridgefill.fill.prefill",)
 _PREDICT = ("ridgefill.fill.predict_inputs",)
+_CONTEXT_FILL = ("ridgefill.fill.context_features", "ridgefill.fill.prefill")
 _CHECK = ("ridgefill.certify.check_certificate",)
 _EXPORT = ("ridgefill.certify.export_lean_certificate", "ridgefill.ridge.solve_ridge")
 
@@ -71,6 +72,7 @@ EXACT_ROWS = (_F + "test_exact_rows_exact_when_filled_cache_exact",)
 EXACT_MODE = (_F + "test_no_filled_rows_is_exact_mode",)
 NO_DROP = (_F + "test_every_row_has_a_cache_entry_at_every_layer",)
 DECODE = (_F + "test_decoding_after_fill_is_an_exact_row_of_the_fill",)
+CONTEXT = (_F + "test_context_features_are_causal",)
 SELECT = ("test_select_props.py::test_selection_keeps_every_row_and_equals_the_one_pass_prefill",)
 NUMERIC_CERTS = (_C + "test_certify_cli_on_tiny_calibrations", _C + "test_real_model_certificates",
                  _C + "test_certificates_reject_wrong_maps_and_tampering")
@@ -175,7 +177,8 @@ REGISTRY: tuple[Entry, ...] = (
     *_entries("Identity", "dot_mul_self_le dot_sub_right dot_col_idMat div_pos_of_pos le_of_mul_self_mul_le",
               _FIT, LIMIT + INTERCEPT_ERR, "supporting lemma"),
     # ---- KvaLean/Causality.lean: the fill prefill ---------------------------------------------------
-    Entry("KvaLean.Decoder.filled_causal", "KvaLean/Causality.lean", _FILL, CAUSAL, "rows ≤ t ignore tokens after t"),
+    Entry("KvaLean.Decoder.filled_causal", "KvaLean/Causality.lean", _FILL + ("ridgefill.fill.context_features",),
+          CAUSAL, "rows ≤ t ignore tokens after t, for any prediction from the split states of rows ≤ t"),
     Entry("KvaLean.Decoder.input_causal", "KvaLean/Causality.lean", _FILL, CAUSAL, "the same for the exact model"),
     Entry("KvaLean.Decoder.lower_layers_exact", "KvaLean/Causality.lean", _FILL, LOWER, "layers ≤ S are exact"),
     Entry("KvaLean.Decoder.lower_cache_exact", "KvaLean/Causality.lean", _FILL, LOWER,
@@ -198,6 +201,14 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("KvaLean.Decoder.decode_exact", "KvaLean/Causality.lean", _FILL, EXACT_ROWS + DECODE,
           "decoding over the exact cache is the exact model"),
     *_entries("Causality", "Decoder.fillInput_congr_filled", _FILL, CAUSAL + SELECT, "supporting lemma"),
+    *_entries("Causality", "Decoder.input_prefix_causal", _CONTEXT_FILL, CAUSAL + CONTEXT,
+              "supporting lemma (the split states of rows ≤ t a prediction reads are causal)"),
+    *_entries("Causality", "Decoder.fillCache_of_filled", _FILL, NO_DROP + CONTEXT,
+              "supporting lemma (a filled row's late entry is the cache of its prediction)"),
+    Entry("KvaLean.Decoder.fillCache_ofRowMap", "KvaLean/Causality.lean", _CONTEXT_FILL, CONTEXT + NO_DROP,
+          "plain maps: a filled late row writes cache(f(h_S(t))), its own split state only"),
+    Entry("KvaLean.Decoder.fillCache_ofContextMap", "KvaLean/Causality.lean", _CONTEXT_FILL, CONTEXT + NO_DROP,
+          "context maps: a filled late row writes cache(f(h_S(t), h_S(t − 1))), zero before row 0"),
     # ---- KvaLean/Stability.lean: fill errors propagate with Lipschitz layers -------------------------
     Entry("KvaLean.Decoder.fill_err_le", "KvaLean/Stability.lean", _FILL, EXACT_ROWS + DECODE,
           "Lipschitz layers and caches: every input within B_l, every cache entry within K_c(B_l + δ) "

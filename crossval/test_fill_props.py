@@ -2,7 +2,7 @@
 
 Every example runs :func:`ridgefill.prefill` on a tiny random Llama (:mod:`crossval.models`) with a
 prompt, split, tail and exact rows drawn by Hypothesis, in modes ``ridge`` (maps fitted by the project's
-calibration), ``identity`` and ``none``, and compares its cache (``[batch, kv_heads, rows, head_dim]``
+calibration; ``ridge-context``: context maps, whose input is ``[h_S(t), h_S(t−1)]``), ``identity`` and ``none``, and compares its cache (``[batch, kv_heads, rows, head_dim]``
 per layer) and logits with the plain ``transformers`` forward. Cache rows are absolute positions.
 """
 
@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ridgefill import RidgeMaps, exact_positions, predict_inputs, prefill
 from ridgefill.adapters import adapter_for
+from ridgefill.fill import context_features
 
 from crossval import tally
 from crossval.models import (
@@ -25,14 +26,16 @@ from crossval.models import (
     tiny_llama,
 )
 
-modes = st.sampled_from(["ridge", "identity", "none", "exact"])
+modes = st.sampled_from(["ridge", "ridge-context", "identity", "none", "exact"])
 ATOL = 2e-5  # the adapter's layer code against transformers' (float32, tiny models)
 
 
 def run(index, ids, split, tail, exact_rows, mode, logits="last"):
     model = tiny_llama(index)
-    maps = fitted_maps(index, split) if mode == "ridge" else None
-    return prefill(model, ids, maps, tail=tail, exact_rows=exact_rows, mode=mode, split=split, logits=logits)
+    context = int(mode == "ridge-context")
+    maps = fitted_maps(index, split, context=context) if mode.startswith("ridge") else None
+    return prefill(model, ids, maps, tail=tail, exact_rows=exact_rows, mode=mode.removesuffix("-context"),
+                   split=split, logits=logits)
 
 
 @given(prompts(), modes, st.data())
@@ -213,4 +216,36 @@ def test_decoding_after_fill_is_an_exact_row_of_the_fill(prompt, mode, token):
                      split=split)
     assert torch.equal(longer.exact_positions[:-1], res.exact_positions)  # the same rows are filled
     torch.testing.assert_close(step[:, -1], longer.logits[:, -1], rtol=0, atol=ATOL)
+    tally.example()
+
+
+@given(prompts(), st.data())
+def test_context_features_are_causal(prompt, data):
+    """``KvaLean.Decoder.fillCache_ofContextMap``: with context maps a filled row ``t`` writes its late-layer
+    cache entry from ``map(h_S(t), h_S(t−1))`` (``h_S(−1) = 0``): the features of row ``t`` are exactly the
+    split states of rows ``t`` and ``t − 1`` of the plain forward, none of a later row; and the fill's cache
+    entry of a filled row equals the layer's own K/V of ``x̂ = [h_S(t), h_S(t−1)] W_l + b_l``."""
+    index, ids, split, tail, exact_rows = prompt
+    model, n = tiny_llama(index), ids.shape[1]
+    h = reference(model, ids).hidden_states[split + 1]  # [batch, n, d]
+    feats = context_features(h, 1)
+    t = data.draw(st.integers(0, n - 1), label="t")
+    prev = h[:, t - 1] if t > 0 else torch.zeros_like(h[:, 0])
+    assert torch.equal(feats[:, t], torch.cat([h[:, t], prev], -1))
+    later = h.clone()
+    later[:, t + 1:] = torch.randn_like(later[:, t + 1:])
+    assert torch.equal(context_features(later, 1)[:, : t + 1], feats[:, : t + 1])
+    maps = fitted_maps(index, split, context=1)
+    res = prefill(model, ids, maps, tail=tail, exact_rows=exact_rows)
+    filled = torch.ones(n, dtype=torch.bool)
+    filled[res.exact_positions] = False
+    if filled[t]:
+        ad = adapter_for(model)
+        layer = data.draw(st.integers(split + 1, CONFIGS[index][1] - 1), label="late layer")
+        w, b = maps.layer(layer)
+        x_hat = predict_inputs(feats[:, t: t + 1], w, b)
+        k, v = ad.kv(layer, x_hat, ad.rope(torch.tensor([t]), x_hat))
+        got_k, got_v = kv(res.cache, layer)
+        torch.testing.assert_close(got_k[:, :, t: t + 1], k, rtol=0, atol=ATOL)
+        torch.testing.assert_close(got_v[:, :, t: t + 1], v, rtol=0, atol=ATOL)
     tally.example()

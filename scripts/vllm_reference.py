@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--maps", required=True, help="maps file: reused when it exists, else fitted and saved here")
     ap.add_argument("--split", type=int, default=15)
     ap.add_argument("--calib-tokens", type=int, default=8192)
+    ap.add_argument("--context", type=int, choices=(0, 1), default=1,
+                    help="maps fitted here read h_S and the previous token's (1, default) or h_S alone (0)")
     ap.add_argument("--tail", type=int, default=64)
     ap.add_argument("--lengths", default="700,520,300", help="prompt lengths in tokens, comma-separated")
     ap.add_argument("--gen-tokens", type=int, default=12)
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         texts = load_texts()
         maps = calibrate(model, tok, {k: texts[k] for k in CALIBRATION_BOOKS}, split=args.split,
-                         tokens=args.calib_tokens, model_name=name, progress=False)
+                         tokens=args.calib_tokens, model_name=name, progress=False, context=args.context)
         maps.save(maps_path)
     text = load_texts()[EVALUATION_BOOKS[0]]
     ids_all = tok(text[:200_000])["input_ids"]

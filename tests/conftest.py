@@ -49,3 +49,22 @@ def oracle_maps(model, ids, split):
         ws.append(sol[:-1])
         bs.append(sol[-1])
     return RidgeMaps(split, torch.stack(ws).float(), torch.stack(bs).float(), [0.0] * len(ws))
+
+
+def oracle_context_maps(model, ids, split, swap=False):
+    """Context maps (input ``[h_S(t), h_S(t−1)]``, :func:`ridgefill.fill.context_features`) that interpolate
+    *these* rows' true late-layer inputs: the least-squares fit on ``[h_S(t), h_S(t−1), 1]`` with no more rows
+    than ``2·hidden + 1``. ``swap``: the two feature blocks' weights exchanged (a map reading the wrong block)."""
+    from ridgefill.fill import context_features
+
+    out = reference(model, ids)
+    d = model.config.hidden_size
+    feats = context_features(out.hidden_states[split + 1][0].double(), 1)
+    fa = torch.cat([feats, torch.ones(feats.shape[0], 1, dtype=feats.dtype)], 1)
+    ws, bs = [], []
+    for layer in range(split + 1, model.config.num_hidden_layers):
+        sol = torch.linalg.lstsq(fa, out.hidden_states[layer][0].double(), driver="gelsd").solution
+        w = sol[:-1]
+        ws.append(torch.cat([w[d:], w[:d]]) if swap else w)
+        bs.append(sol[-1])
+    return RidgeMaps(split, torch.stack(ws).float(), torch.stack(bs).float(), [0.0] * len(ws), {"context": 1})

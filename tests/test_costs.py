@@ -1,5 +1,6 @@
 """The cost model (ridgefill.costs) and the bench command (ridgefill.bench), without timed assertions."""
 
+import dataclasses
 import json
 
 import pytest
@@ -213,10 +214,11 @@ def test_bench_report(tmp_path):
     cfg = BenchConfig(model="tiny-random", lengths=(64, 96), split=2, tail=16, repeats=2, warmup=1,
                       calibration=True, calib_lengths=(64, 128), calib_chunk=32, json=str(out))
     report = bench(cfg, progress=False)
+    assert report["context"] == BenchConfig.context == 1  # context maps, the default
     assert json.loads(out.read_text())["rows"][0]["n"] == 64
     assert [r["n"] for r in report["rows"]] == [64, 96]
     for r in report["rows"]:
-        assert r["ideal"] == pytest.approx(ideal_ratio(LlamaConfig(**PRESETS["tiny-random"]), r["n"], 2, 16))
+        assert r["ideal"] == pytest.approx(ideal_ratio(LlamaConfig(**PRESETS["tiny-random"]), r["n"], 2, 16, context=1))
         assert len(r["ratios"]) == 2 and r["ratio"] > 0
         assert r["measured_over_ideal"] == pytest.approx(r["ratio"] / r["ideal"])
         assert set(r["map_step"]) == {"batched_s", "per_layer_s"} and min(r["map_step"].values()) > 0
@@ -249,14 +251,16 @@ def test_bench_with_refit(capsys):
     from ridgefill.select import Select
 
     cfg = BenchConfig(model="tiny-random", lengths=(96,), split=2, tail=16, repeats=2, warmup=0, refit=4.0,
-                      select=Select(budget=8, before=1, after=2))
+                      select=Select(budget=8, before=1, after=2), context=0)
+    with pytest.raises(InputError, match="--context 0"):  # the refit refits maps that read h_S alone
+        bench(dataclasses.replace(cfg, context=1), progress=False)
     r = bench(cfg, progress=False)["rows"][0]
     assert r["refit"] == 4.0 and len(r["refit_s_all"]) == 2 and r["refit_ratio"] > 0
     assert r["refit_ideal"] < r["ideal"]  # the solves cost FLOPs
     assert r["sel_ideal"] < r["refit_ideal"]  # selection with the refit: chosen rows, second pass, rewrite
     assert r["refit_measured_over_ideal"] == pytest.approx(r["refit_ratio"] / r["refit_ideal"])
     assert main(["bench", "--model", "tiny-random", "--lengths", "64", "--split", "1", "--tail", "8", "--repeats",
-                 "1", "--warmup", "0", "--refit", "4"]) == 0
+                 "1", "--warmup", "0", "--refit", "4", "--context", "0"]) == 0
     assert "refitted on the exact rows" in capsys.readouterr().out
 
 

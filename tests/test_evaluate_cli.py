@@ -78,9 +78,13 @@ def test_eval_commands_and_report(workdir, capsys):
     assert [t["results"]["2/ridge+sel"] for t in alone["trials"]] == [t["results"]["2/ridge+sel"] for t in both["trials"]]
     assert [t["answer"] for t in alone["trials"]] == [t["answer"] for t in both["trials"]]
 
-    # --refit: every ridge system again with the maps refitted on the exact rows
+    # --refit: every ridge system again with the maps refitted on the exact rows; it refits maps from h_S
+    # alone (--context 0): the default context maps are refused with a message naming the fix
     assert _run(workdir, "eval", "loss", "--splits", "2", "--modes", "ridge", "--select", "budget=8", "--refit", "4",
-                "--json", str(out / "loss-refit.json"), *LOSS) == 0
+                "--json", str(out / "loss-refit.json"), *LOSS) == 2
+    assert "--context 0" in capsys.readouterr().err
+    assert _run(workdir, "eval", "loss", "--splits", "2", "--modes", "ridge", "--select", "budget=8", "--refit", "4",
+                "--context", "0", "--json", str(out / "loss-refit.json"), *LOSS) == 0
     refit = json.loads((out / "loss-refit.json").read_text())
     assert {r["variant"] for r in refit["summary"]} == {"2/ridge", "2/ridge+sel", "2/ridge+block", "2/ridge+refit",
                                                          "2/ridge+sel+block", "2/ridge+sel+refit"}
@@ -88,7 +92,7 @@ def test_eval_commands_and_report(workdir, capsys):
     docs = refit["documents"]
     assert all(d["fill"]["2/ridge+refit"] != d["fill"]["2/ridge+block"] for d in docs)  # the refit changes the fill
     assert all(d["fill"]["2/ridge+block"] != d["fill"]["2/ridge"] for d in docs)  # and so do the block's exact rows
-    assert _run(workdir, "eval", "needle", *args[:-2], "--modes", "ridge", "--refit", "4", "--json",
+    assert _run(workdir, "eval", "needle", *args[:-2], "--modes", "ridge", "--refit", "4", "--context", "0", "--json",
                 str(out / "needle-refit.json")) == 0
     assert {r["system"] for r in json.loads((out / "needle-refit.json").read_text())["scores"]} == {
         "2/ridge", "2/ridge+sel", "2/ridge+refit", "2/ridge+sel+refit"}

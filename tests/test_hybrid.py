@@ -13,7 +13,7 @@ from ridgefill import InputError, generate_after, prefill
 from ridgefill.adapters import HybridAdapter, adapter_for
 from transformers import DynamicCache, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 
-from conftest import oracle_maps, reference
+from conftest import oracle_context_maps, oracle_maps, reference
 
 VOCAB, N, S = 101, 40, 1
 TYPES = ["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention",
@@ -212,6 +212,22 @@ def test_decode_step_after_full_tail_equals_exact_decoding(name, ids):
         whole = model(torch.cat([ids, nxt], 1)).logits[:, -1:]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     torch.testing.assert_close(want, whole, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_oracle_context_maps_fill_equals_exact_prefill(name, ids):
+    """Context maps (input ``[h_S(t), h_S(t−1)]``) that interpolate the true late-layer inputs: the filled
+    rows advance the recurrent states and write K/V from them, equal to the exact prefill; with the two
+    feature blocks swapped they are not."""
+    model = build(name)
+    one = ids[:1]
+    exact = prefill(model, one, tail=N, mode="exact", logits="exact")
+    res = prefill(model, one, oracle_context_maps(model, one, S), tail=5, mode="ridge", logits="exact")
+    torch.testing.assert_close(res.logits, exact.logits[:, -5:], rtol=0, atol=1e-5)
+    assert_cache_close(res.cache, exact.cache, atol=1e-5)
+    wrong = prefill(model, one, oracle_context_maps(model, one, S, swap=True), tail=5, mode="ridge")
+    last = RECURRENT[-1]
+    assert (wrong.cache.layers[last].recurrent_states[0] - exact.cache.layers[last].recurrent_states[0]).abs().max() > 1e-3
 
 
 def test_calibration_runs_and_oracle_style_maps_fit(ids):

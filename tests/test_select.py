@@ -95,7 +95,7 @@ def _oracle_scores(select: Select, exact_tail: int = 6):
         for layer in range(S + 1):
             shape = (1, ad.num_kv_heads, n, ad.head_dim)
             x = ad.layer(layer, x, rope, pos, torch.empty(shape), torch.empty(shape))
-        fill = _LateFill(ad, range(S + 1, ad.num_layers), x, rope, _fill_maps("ridge", maps, x), None, True, False)
+        fill = _LateFill(ad, range(S + 1, ad.num_layers), x, x, rope, _fill_maps("ridge", maps, x), None, True, False)
         scorer = _AttentionScores(ad, n, select)
         fill.run(torch.arange(n - exact_tail, n), [scorer])
     return att, scorer, range(S + 1, model.config.num_hidden_layers)

@@ -100,6 +100,7 @@ class BenchConfig:
     calib_lengths: tuple[int, int] = (4096, 16384)
     select: object = None  # a ridgefill.select.Select or Selection: also time the fill with row selection
     refit: float = 0.0  # > 0: also time the fill with the maps refitted on the exact rows (and select with it)
+    context: int = 1  # the maps' input: 1, [h_S(t), h_S(t-1)] (context maps, the default); 0, h_S(t)
     json: str | None = None
     command: str = ""
 
@@ -141,13 +142,17 @@ def random_model(preset: str | dict, device: str | torch.device = "cpu", dtype: 
     return model.to(dtype).eval()
 
 
-def timing_maps(model: torch.nn.Module, split: int, *, seed: int = 0, scale: float = 0.02) -> RidgeMaps:
+def timing_maps(model: torch.nn.Module, split: int, *, seed: int = 0, scale: float = 0.02,
+                context: int = 0) -> RidgeMaps:
     """Random maps ``W_l = I + scale·R/√d``, ``b_l = 0`` for every late layer (means 0, covariance ``I``),
-    on the model's device: the shapes and cost of fitted maps, not their quality (for timing only).
+    on the model's device: the shapes and cost of fitted maps, not their quality (for timing only). With
+    ``context = 1``, context maps ``[I + scale·R/√d; scale·R'/√d]`` ``[2d, d]`` (:func:`ridgefill.fill.context_features`).
 
     Raises:
-        InputError: ``split`` outside ``0..L-2``.
+        InputError: ``split`` outside ``0..L-2``, or ``context`` not 0 or 1.
     """
+    if context not in (0, 1) or isinstance(context, bool):
+        raise InputError(f"context={context!r} must be 0 or 1")
     cfg = model.config
     L, d = cfg.num_hidden_layers, cfg.hidden_size
     if not 0 <= split <= L - 2:
@@ -155,12 +160,13 @@ def timing_maps(model: torch.nn.Module, split: int, *, seed: int = 0, scale: flo
     p = next(model.parameters())
     g = torch.Generator(device=p.device).manual_seed(seed)
     late = L - split - 1
-    w = torch.randn(late, d, d, generator=g, device=p.device, dtype=torch.float32) * (scale / d ** 0.5)
-    w += torch.eye(d, device=p.device)
+    w = torch.randn(late, d * (1 + context), d, generator=g, device=p.device, dtype=torch.float32) * (scale / d ** 0.5)
+    w[:, :d] += torch.eye(d, device=p.device)
     b = torch.zeros(late, d, device=p.device)
     # zero means, an identity covariance and a token count: the centred fill, query-agnostic selection and
     # the refit on the exact rows can be timed
-    meta = {"purpose": "timing only (random)", "kind": "inputs", "calibration_tokens": 65536, "lambda_spec": "auto"}
+    meta = {"purpose": "timing only (random)", "kind": "inputs", "calibration_tokens": 65536, "lambda_spec": "auto",
+            "context": context}
     return RidgeMaps(split, w.to(p.dtype), b.to(p.dtype), [1.0] * late, meta,
                      mean_h=torch.zeros(d, device=p.device), mean_x=torch.zeros(late, d, device=p.device),
                      cov_h=torch.eye(d, device=p.device))
@@ -317,11 +323,12 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
             cpu[name].append(used)
     ratios = [e / f for e, f in zip(times["exact"], times["fill"])]
     cpu_ratios = [e / f for e, f in zip(cpu["exact"], cpu["fill"]) if f > 0]
-    ideal = ideal_ratio(model.config, n, maps.split, tail)
+    shape = dict(context=maps.context, kv_maps=maps.kind == "kv")  # what the maps read and predict
+    ideal = ideal_ratio(model.config, n, maps.split, tail, **shape)
     ratio = statistics.median(ratios)
     extra = {}
     if refit > 0:
-        refit_ideal = ideal_ratio(model.config, n, maps.split, tail, refit=True)
+        refit_ideal = ideal_ratio(model.config, n, maps.split, tail, refit=True, **shape)
         refit_ratio = statistics.median(e / f for e, f in zip(times["exact"], times["refit"]))
         extra = {"refit_s": statistics.median(times["refit"]), "refit_s_all": times["refit"], "refit_ratio": refit_ratio,
                  "refit_ideal": refit_ideal, "refit_measured_over_ideal": refit_ratio / refit_ideal, "refit": refit}
@@ -329,7 +336,7 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
         chosen = prefill(model, ids, maps, tail=tail, mode="ridge", select=select, refit=refit).selected.tolist()
         sel = as_selection(select)  # leverage and n-gram parts: chosen up front; attention parts: rounds + 1 passes
         sel_ideal = ideal_ratio(model.config, n, maps.split, tail, selected=chosen, rounds=sel.rounds,
-                                queries=sel.scored_rows(tail + len(chosen)), refit=refit > 0)
+                                queries=sel.scored_rows(tail + len(chosen)), refit=refit > 0, **shape)
         sel_ratio = statistics.median(e / f for e, f in zip(times["exact"], times["sel"]))
         extra |= {"sel_s": statistics.median(times["sel"]), "sel_s_all": times["sel"], "sel_ratio": sel_ratio,
                  "sel_ideal": sel_ideal, "sel_measured_over_ideal": sel_ratio / sel_ideal, "sel_rows": len(chosen),
@@ -347,7 +354,7 @@ def bench_map_step(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 
     """Time the filled rows' map-plus-K/V step alone (:meth:`ridgefill.adapters.LlamaAdapter.fill_kv`)
     both ways: the maps of all late layers as one batched matmul, and one matmul per layer.
 
-    Inputs are ``n − tail`` random split states ``[1, n − tail, d]`` in the model's dtype; outputs are
+    Inputs are ``n − tail`` random split states ``[1, n − tail, f]`` (``f``: the maps' input width) in the model's dtype; outputs are
     fresh ``[late, 1, kv_heads, rows, head_dim]`` buffers. Returns ``{"batched_s", "per_layer_s"}``
     (medians of ``repeats`` after one warm-up each, interleaved), or ``None`` when the adapter has no
     fast path (e.g. Gemma 3).
@@ -357,7 +364,7 @@ def bench_map_step(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 
         return None
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    rows, d = n - tail, model.config.hidden_size
+    rows, d = n - tail, model.config.hidden_size * (1 + maps.context)  # the maps' input width
     g = torch.Generator().manual_seed(seed + 7 * n)
     h = torch.randn(1, rows, d, generator=g).to(device=device, dtype=dtype)
     m = maps.to(dtype=dtype, device=device)
@@ -491,6 +498,8 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
     if cfg.calibration and any(c < cfg.calib_chunk or c % cfg.calib_chunk for c in cfg.calib_lengths):
         raise InputError(f"--calib-lengths {tuple(cfg.calib_lengths)} must be positive multiples of the chunk "
                          f"{cfg.calib_chunk} (--calib-chunk)")
+    if cfg.refit > 0 and cfg.context:
+        raise InputError("--refit refits maps that read the row's own h_S: pass --context 0 with it")
     if cfg.threads:
         if cfg.threads < 1:
             raise InputError(f"--threads {cfg.threads} must be ≥ 1")
@@ -508,7 +517,7 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
     for n in lengths:
         if not 1 <= tail < n:
             raise InputError(f"--tail {tail} must be shorter than every length; {n} is not longer")
-    maps = timing_maps(model, split, seed=cfg.seed)
+    maps = timing_maps(model, split, seed=cfg.seed, context=cfg.context)
     shape = ModelShape.from_config(model.config)
     check = check_fast_path(model, maps, n=min(512, max(lengths)), tail=min(64, tail), seed=cfg.seed)
     if progress and not check["ok"]:
@@ -521,7 +530,7 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
         "repeats": cfg.repeats, "warmup": cfg.warmup, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "torch": torch.__version__, "load_average": None, "maps": "random (timing only)",
         "fast_path_check": check, "rows": [], "calibration": None, "complete": False,
-        "select": None if cfg.select is None else str(cfg.select), "refit": cfg.refit,
+        "select": None if cfg.select is None else str(cfg.select), "refit": cfg.refit, "context": cfg.context,
     }
 
     def save():
@@ -536,7 +545,7 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
             print(f"bench N={n} ...", file=sys.stderr, flush=True)
         row = bench_length(model, maps, n, tail=tail, repeats=cfg.repeats, warmup=cfg.warmup, seed=cfg.seed,
                            select=cfg.select, refit=cfg.refit)
-        e, f = exact_cost(shape, n), fill_cost(shape, n, split, tail)
+        e, f = exact_cost(shape, n), fill_cost(shape, n, split, tail, context=cfg.context)
         row.update(exact_tflop=e.flops / 1e12, fill_tflop=f.flops / 1e12,
                    exact_tflops_per_s=e.flops / 1e12 / row["exact_s"], fill_tflops_per_s=f.flops / 1e12 / row["fill_s"])
         row["map_step"] = bench_map_step(model, maps, n, tail=tail, repeats=cfg.repeats, seed=cfg.seed)
@@ -625,12 +634,13 @@ def _run(args) -> None:
                       tail=args.tail, repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed,
                       calibration=args.calibration, calib_chunk=args.calib_chunk,
                       calib_lengths=args.calib_lengths, json=args.json, select=args.select, refit=args.refit,
+                      context=args.context,
                       command="ridgefill " + " ".join(sys.argv[1:]) if sys.argv else "ridgefill bench")
     print(format_table(bench(cfg)))
 
 
 def add_subcommand(subparsers) -> argparse.ArgumentParser:
-    from .cli import REFIT_HELP, SELECT_HELP, parse_refit, parse_select
+    from .cli import REFIT_HELP, SELECT_HELP, add_context, parse_refit, parse_select
 
     """Register ``ridgefill bench`` on ``subparsers``; the parser's ``func`` runs it."""
     p = subparsers.add_parser("bench", help="time exact vs fill prefill at several lengths, with the ideal ratio",
@@ -655,6 +665,7 @@ def add_subcommand(subparsers) -> argparse.ArgumentParser:
                    + " (default off)")
     p.add_argument("--refit", type=parse_refit, default=0.0, help="also time the fill with the maps refitted on "
                    "the exact rows (with --select, the selection refits too): " + REFIT_HELP + " (default 0)")
+    add_context(p, BenchConfig.context)
     p.add_argument("--json", default=None, help="also write the report to this JSON file")
     p.set_defaults(func=_run)
     return p

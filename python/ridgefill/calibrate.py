@@ -27,6 +27,7 @@ from .overlap import fingerprint, sample_for
 from .maps import RidgeMaps, calibration_cov, model_hash, model_provenance, weight_fingerprint
 from .validate import check_int, check_real
 from .ridge import RidgeStats, fit_maps
+from .fill import context_features
 
 
 def text_hash(texts: Sequence[str]) -> str:
@@ -145,17 +146,20 @@ TARGETS: tuple[str, ...] = ("inputs", "kv")
 def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits: Sequence[int], *,
                        heldout_every: int = 8, progress: bool = True,
                        checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 16,
-                       targets: str = "inputs") -> dict[int, tuple[RidgeStats, RidgeStats]]:
+                       targets: str = "inputs", context: int = 0) -> dict[int, tuple[RidgeStats, RidgeStats]]:
     """:func:`collect_stats` for several splits from one forward pass per chunk (the pass dominates).
 
     ``targets``: what the maps predict from ``h_S``: ``"inputs"``, each late layer's input ``x_l``
     (``[rows, hidden]``); ``"kv"``, each late layer's pre-RoPE keys and values
     (:meth:`~ridgefill.adapters.LlamaAdapter.kv_targets`, ``[rows, 2·kv_dim]``): K/V maps.
+    ``context``: ``0``, the maps read ``h_S(t)``; ``1``, context maps, ``[h_S(t), h_S(t−1)]``
+    (:func:`ridgefill.fill.context_features`; each chunk starts at position 0, so its first row's previous
+    state is zero, as the prompt's row 0 is in the fill).
 
     Args:
         checkpoint: a file (:func:`ridgefill.checkpoint.checkpoint_path`) to save the statistics to
             every ``checkpoint_every`` chunks and after the last; when it exists and was written with
-            the same settings (model, dtype, splits, held-out period, chunks, targets), the pass resumes
+            the same settings (model, dtype, splits, held-out period, chunks, targets, context), the pass resumes
             after its last saved chunk, and the result equals an uninterrupted pass bit for bit. It is
             left in place: delete it once the maps are saved. ``None``: no checkpoint.
 
@@ -165,7 +169,7 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
 
     Raises:
         InputError: a split out of range, no splits or no chunks, a bad ``heldout_every`` or
-            ``checkpoint_every``, or a checkpoint written with other settings.
+            ``checkpoint_every``, ``context`` not 0 or 1, or a checkpoint written with other settings.
         MapsFormatError: an unreadable checkpoint. NonFiniteError: NaN/Inf activations.
     """
     adapter = adapter_for(model)
@@ -182,9 +186,10 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
         raise InputError("no calibration chunks: the calibration text is empty")
     if targets not in TARGETS:
         raise InputError(f"map targets must be one of {TARGETS}; got {targets!r}")
+    context = check_int(context, "context", lo=0, hi=1, hint="0: the row's own h_S; 1: also the previous row's")
     k = adapter.hidden_size if targets == "inputs" else 2 * adapter.num_kv_heads * adapter.head_dim
-    stats = {s: tuple(RidgeStats(L - s - 1, adapter.hidden_size, outputs=k, targets=targets) for _ in range(2))
-             for s in splits}
+    stats = {s: tuple(RidgeStats(L - s - 1, adapter.hidden_size, outputs=k, targets=targets, context=context)
+                      for _ in range(2)) for s in splits}
     first = splits[0]
     device = next(model.parameters()).device
     done = 0
@@ -192,9 +197,9 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
         settings = {"model_hash": model_hash(model), "weight_fingerprint": weight_fingerprint(model),
                     "weights_dtype": str(next(model.parameters()).dtype), "splits": splits,
                     "heldout_every": heldout_every, "chunks": len(chunks), "chunks_sha256": chunks_digest(chunks),
-                    "targets": targets}
+                    "targets": targets, **({"context": context} if context else {})}
         if Path(checkpoint).exists():
-            shapes = {s: (L - s - 1, adapter.hidden_size, k, targets) for s in splits}
+            shapes = {s: (L - s - 1, adapter.hidden_size, k, targets, context) for s in splits}
             done, stats = load_checkpoint(checkpoint, settings, shapes)
     label = f"S={first}" if len(splits) == 1 else "S=" + ",".join(map(str, splits))
     bar = tqdm(total=len(chunks), initial=done, desc=f"calibrate {label}", unit="chunk", disable=not progress)
@@ -216,7 +221,7 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
             xs = hs
         held = i % heldout_every == heldout_every - 1
         for split, (fit_s, held_s) in stats.items():
-            (held_s if held else fit_s).update(hs[split - first], xs[split - first:])
+            (held_s if held else fit_s).update(context_features(hs[split - first], context), xs[split - first:])
         bar.update()
         if checkpoint is not None and ((i + 1) % checkpoint_every == 0 or i + 1 == len(chunks)):
             save_checkpoint(checkpoint, settings, i + 1, stats)
@@ -227,7 +232,7 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
 def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *, split: int,
               tokens: int | None, chunk: int = 1024, lam: float | str = "auto", heldout_every: int = 8,
               model_name: str = "", progress: bool = True, checkpoint: str | os.PathLike | None = None,
-              checkpoint_every: int = 16, targets: str = "inputs") -> RidgeMaps:
+              checkpoint_every: int = 16, targets: str = "inputs", context: int = 0) -> RidgeMaps:
     """Fit RidgeFill maps for ``model`` at ``split`` on ``texts`` (paper, "Approach").
 
     Args:
@@ -237,6 +242,8 @@ def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[
         lam: ``λ`` (number ``≥ 0``) or ``"auto"`` (per layer, by held-out error).
         targets: ``"inputs"`` (the maps predict each late layer's input, the paper's maps) or ``"kv"``
             (K/V maps: each late layer's pre-RoPE keys and values; see :func:`collect_stats_many`).
+        context: ``0`` (the maps read the row's own ``h_S``) or ``1`` (context maps: also the previous
+            row's, :func:`ridgefill.fill.context_features`; docs/evaluate.md, "Fifteenth session").
         checkpoint, checkpoint_every: save the statistics every ``checkpoint_every`` chunks and resume
             from them after an interruption (:func:`collect_stats_many`); the caller deletes the
             checkpoint once the maps are saved (``ridgefill calibrate`` and ``ridgefill run`` do).
@@ -254,14 +261,15 @@ def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[
     split = check_int(split, "split S", lo=0)
     return calibrate_many(model, tokenizer, texts, splits=(split,), tokens=tokens, chunk=chunk, lam=lam,
                           heldout_every=heldout_every, model_name=model_name, progress=progress,
-                          checkpoint=checkpoint, checkpoint_every=checkpoint_every, targets=targets)[split]
+                          checkpoint=checkpoint, checkpoint_every=checkpoint_every, targets=targets,
+                          context=context)[split]
 
 
 def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *,
                    splits: Sequence[int], tokens: int | None, chunk: int = 1024, lam: float | str = "auto",
                    heldout_every: int = 8, model_name: str = "", progress: bool = True,
                    checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 16,
-                   targets: str = "inputs") -> dict[int, RidgeMaps]:
+                   targets: str = "inputs", context: int = 0) -> dict[int, RidgeMaps]:
     """:func:`calibrate` at several splits from one pass over the text (:func:`collect_stats_many`).
 
     Returns:
@@ -278,6 +286,7 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
         tokens = check_int(tokens, "tokens", lo=1, hint="or None for all of the text")
     chunk = check_int(chunk, "chunk", lo=2, hint="1024 is typical")
     heldout_every = check_int(heldout_every, "heldout_every", lo=1)
+    context = check_int(context, "context", lo=0, hi=1, hint="0: the row's own h_S; 1: also the previous row's")
     if not isinstance(model_name, str):
         raise InputError(f"model_name must be a str; got {type(model_name).__name__}")
     if isinstance(lam, (list, tuple)):
@@ -294,7 +303,8 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
     # hold out every heldout_every-th chunk (at least one when there are two or more chunks)
     every = min(heldout_every, len(chunks)) if len(chunks) >= 2 else len(chunks) + 1
     collected = collect_stats_many(model, chunks, splits, heldout_every=every, progress=progress,
-                                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, targets=targets)
+                                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, targets=targets,
+                                   context=context)
     out = {}
     provenance = model_provenance(model)
     for split, (fit, held) in collected.items():
@@ -302,12 +312,12 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
         meta = {"model_name": model_name, **provenance, "calibration_tokens": fit.count + held.count,
                 "heldout_tokens": held.count, "chunk": chunk, "text_sha256": text_hash(text_list),
                 "lambda_spec": str(lam), "heldout_rel_error": result.heldout_rel_error,
-                "heldout_rel_error_identity": result.heldout_rel_error_identity, "kind": targets,
+                "heldout_rel_error_identity": result.heldout_rel_error_identity, "kind": targets, "context": context,
                 "calibration_texts": sources, "calibration_fingerprint": fp}
         inputs = targets == "inputs"
         mean_h, mean_x = result.stats.means() if inputs else (None, None)
         out[split] = RidgeMaps(split, result.weights.float(), result.biases.float(), result.lambdas, meta,
-                               result.stats, mean_h=None if mean_h is None else mean_h.float(),
+                               result.stats, mean_h=None if mean_h is None else mean_h[:fit.hidden].float(),
                                mean_x=None if mean_x is None else mean_x.float(),
                                cov_h=calibration_cov(result.stats).float() if inputs else None)
     return out

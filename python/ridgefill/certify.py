@@ -89,7 +89,8 @@ def layer_certificate(stats: RidgeStats, index: int, weight: Tensor, lam: float,
     Args:
         stats: the statistics the map was solved on (all late layers).
         index: the layer's index in ``stats`` (``0`` for layer ``S + 1``).
-        weight: ``W_s`` ``[d, d]`` as stored (any float dtype; used in float64).
+        weight: ``W_s`` ``[f, d]`` as stored (any float dtype; used in float64); ``f = d``, or ``2d`` for
+            context maps, whose prior is ``[I; 0]`` in place of ``I`` (:func:`ridgefill.ridge.default_prior`).
         lam: ``λ_l ≥ 0``.
         layer: absolute layer number, recorded as is.
         max_excess_rel: the criterion's bound on ``(J(W_s) − J(W★)) / J(W_s)``.
@@ -101,17 +102,21 @@ def layer_certificate(stats: RidgeStats, index: int, weight: Tensor, lam: float,
     from .errors import SingularGramError
     from .ridge import solve_ridge
 
-    d = stats.hidden
+    from .ridge import default_prior
+
+    d = stats.features  # feature width: hidden, or 2·hidden for context maps
     gram, cross, sxx = stats.centred(index)
     w = weight.detach().to(F64).cpu()
-    if tuple(w.shape) != (d, d):
-        raise InputError(f"weight must be [{d}, {d}] for these statistics; got {tuple(w.shape)}")
+    if stats.targets != "inputs" or tuple(w.shape) != (d, stats.hidden):
+        raise InputError(f"weight must be [{d}, {stats.hidden}] for these statistics (layer-input maps); got "
+                         f"{tuple(w.shape)} for {stats.targets!r} targets")
+    prior = default_prior(stats)  # I, or [I; 0] for context maps
     try:
-        w64 = solve_ridge(gram, cross, lam)
+        w64 = solve_ridge(gram, cross, lam, prior)
     except SingularGramError:
         w64 = w  # no unique minimiser: μ ≤ 0 below fails the certificate
     eye = torch.eye(d, dtype=F64)
-    rhs = cross + lam * eye
+    rhs = cross + lam * prior
     residual = (gram + lam * eye) @ w64 - rhs
     stored_residual = (gram + lam * eye) @ w - rhs
     evals = torch.linalg.eigvalsh(gram)
@@ -123,7 +128,7 @@ def layer_certificate(stats: RidgeStats, index: int, weight: Tensor, lam: float,
     ulp = F32_UNIT * w64.abs()
     storage = float((w - w64).norm())
     terms = [float((w * (gram @ w)).sum()), -2 * float((w * cross).sum()), float(sxx),
-             lam * float((w - eye).square().sum())]
+             lam * float((w - prior).square().sum())]
     objective = math.fsum(terms)
     cert = {
         "format": CERT_FORMAT, "version": CERT_VERSION, "layer": layer, "index": index, "hidden": d,

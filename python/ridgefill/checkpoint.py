@@ -68,7 +68,7 @@ def load_checkpoint(path: str | os.PathLike, settings: dict,
     """Read a checkpoint written by :func:`save_checkpoint` for a run with ``settings``.
 
     Args:
-        shapes: ``{split: (late layers, hidden, outputs, targets)}`` of the run (see :class:`RidgeStats`).
+        shapes: ``{split: (late layers, hidden, outputs, targets, context)}`` of the run (see :class:`RidgeStats`).
 
     Returns:
         ``(done, stats)``: chunks already accumulated and ``{split: (fit, heldout)}``.
@@ -101,17 +101,17 @@ def load_checkpoint(path: str | os.PathLike, settings: dict,
     done, counts = meta.get("done"), meta.get("counts") or {}
     stats = {}
     try:
-        for split, (layers, hidden, outputs, targets) in shapes.items():
+        for split, (layers, hidden, outputs, targets, context) in shapes.items():
             pair = []
             for part in ("fit", "held"):
                 count = int(counts[f"{split}.{part}"])
-                st = RidgeStats(layers, hidden, outputs=outputs, targets=targets)
+                st = RidgeStats(layers, hidden, outputs=outputs, targets=targets, context=context)
                 if count:
                     st.count = count
                     for k in ("shift_h", "shift_x") + _SUMS:
                         t = tensors[f"{split}.{part}.{k}"]
                         if t.dtype != torch.float64 or t.shape != (getattr(st, k).shape if k in _SUMS else (
-                                (hidden,) if k == "shift_h" else (layers, outputs))):
+                                (st.features,) if k == "shift_h" else (layers, outputs))):
                             raise ValueError(f"tensor {split}.{part}.{k} has {t.dtype} {tuple(t.shape)}")
                         setattr(st, k, t)
                 pair.append(st)

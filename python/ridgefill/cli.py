@@ -94,6 +94,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
+def add_context(p: argparse.ArgumentParser, default: int) -> None:
+    """``--context {0,1}``: what the maps read (:func:`ridgefill.fill.context_features`)."""
+    p.add_argument("--context", type=int, choices=(0, 1), default=default,
+                   help=f"what the maps read: 1, the row's split state h_S and the previous row's (context maps); "
+                        f"0, the row's own h_S only (default {default})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .run import RunConfig
 
@@ -123,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "evaluation novels; documents overlapping the maps' calibration text are refused")
     add_calib_set(p, "; maps fitted on another set are refitted (default maps path) or refused (a --maps file, "
                      "when --calib-set is given)")
+    add_context(p, d.context)
 
     p = sub.add_parser("calibrate", help="fit maps on calibration text and save them")
     _model_args(p)
@@ -137,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--targets", default="inputs", choices=["inputs", "kv"],
                    help="what the maps predict from h_S: each late layer's input (default) or its pre-RoPE "
                         "keys and values (K/V maps)")
+    add_context(p, d.context)
     p.add_argument("--out", required=True, help="maps file to write (.safetensors); written atomically. The "
                    "statistics are checkpointed beside it (<name>.checkpoint.safetensors) every 16 chunks: "
                    "an interrupted run resumes from there when rerun with the same settings")
@@ -165,7 +174,8 @@ def _cmd_run(a) -> None:
     cfg = RunConfig(model=a.model, split=a.split, tail=a.tail, calib_tokens=a.calib_tokens, chunk=a.chunk,
                     lam=a.lam, docs=a.docs, doc_tokens=a.doc_tokens, gen_tokens=a.gen_tokens,
                     repeats=a.repeats, out=a.out, maps=a.maps, threads=a.threads, select=a.select,
-                    needle_trials=a.needle_trials, texts=tuple(a.text or ()), calib_set=a.calib_set)
+                    needle_trials=a.needle_trials, texts=tuple(a.text or ()), calib_set=a.calib_set,
+                    context=a.context)
     report = run(cfg)
     print(format_table(report))
     print(f"report: {Path(cfg.out) / 'report.json'}   maps: {report['maps_path']}")
@@ -211,7 +221,7 @@ def _cmd_calibrate(a) -> None:
     if ckpt.exists():
         print(f"resuming the calibration from the checkpoint {ckpt}", file=sys.stderr)
     maps = calibrate(model, tok, texts, split=a.split, tokens=a.tokens or None, chunk=a.chunk, lam=a.lam,
-                     model_name=name, targets=a.targets, checkpoint=ckpt)
+                     model_name=name, targets=a.targets, checkpoint=ckpt, context=a.context)
     maps.save(a.out)
     ckpt.unlink(missing_ok=True)
     from .overlap import calibration_label

@@ -187,7 +187,7 @@ def exact_cost(shape: ModelShape, n: int, *, bytes_per_value: int = 2) -> Prefil
 
 def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = True,
               bytes_per_value: int = 2, selected=(), rounds: int = 1, kv_maps: bool = False,
-              queries: int = 1, refit: bool = False) -> PrefillCost:
+              queries: int = 1, refit: bool = False, context: int = 0) -> PrefillCost:
     """Cost of the fill prefill of ``n`` rows at split ``S = split`` with ``T = tail`` exact rows.
 
     Args:
@@ -221,6 +221,9 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
             refit=ρ)``, :mod:`ridgefill.refit`): ``2·E·d²`` for the exact rows' Gram, then per late layer
             ``4·E·d²`` (their residuals and cross term) and ``8·d³/3`` (a Cholesky factorisation and a
             solve with ``d`` right-hand sides). Later passes keep the filled rows' K/V.
+        context: ``1`` for context maps (:func:`ridgefill.fill.context_features`): each map reads
+            ``2·d`` features, so it costs ``2·(2d)·k + k`` FLOPs per filled row and stores ``2d·k + k``
+            values per late layer (``k = d``, or ``2·H_kv·h`` with ``kv_maps``); ``0``: ``d`` features.
 
     Raises:
         InputError: a size out of range, or a selected row outside the filled rows.
@@ -232,6 +235,8 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
         raise InputError(f"selected rows must be distinct positions among the filled rows 0..{filled - 1}")
     if not isinstance(rounds, int) or rounds < 0:
         raise InputError(f"rounds={rounds!r} must be an int ≥ 0")
+    if context not in (0, 1) or isinstance(context, bool):
+        raise InputError(f"context={context!r} must be 0 (maps read h_S) or 1 (context maps)")
     row = shape.projection_flops + shape.mlp_flops
     k = len(selected)
     # exact late-layer rows over all passes: the tail once, then the tail and the chosen rows per round
@@ -243,7 +248,9 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
         exact_rows, kv_rows, chosen_passes = tail + k, filled - k, 1
         leverage = 2 * shape.hidden ** 3 // 3 + n * (2 * shape.hidden ** 2 + 2 * shape.hidden)
     kv_out = 2 * shape.kv_heads * shape.head_dim
-    map_flops = (2 * shape.hidden * kv_out + kv_out) if kv_maps else (shape.map_flops if maps else 0)
+    features = shape.hidden * (1 + context)  # the maps' input width
+    map_out = kv_out if kv_maps else shape.hidden
+    map_flops = 2 * features * map_out + map_out if (maps or kv_maps) else 0
     kv_flops = 0 if kv_maps else shape.kv_flops
     refit_flops = 0
     if refit:  # the first pass refits on its exact rows (the rows chosen up front are among them)
@@ -261,23 +268,21 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
         "lm_head": 2 * shape.hidden * shape.vocab,
     }
     assert parts["projections"] + parts["mlp"] == (lower * n + late * exact_rows) * row + late * kv_rows * kv_flops
-    if kv_maps:
-        extra = late * (shape.hidden * kv_out + kv_out)
-    else:
-        extra = late * (shape.hidden * shape.hidden + shape.hidden) if maps else 0
+    extra = late * (features * map_out + map_out) if (maps or kv_maps) else 0
     return _finish(shape, n, parts, extra, bytes_per_value)
 
 
 def ideal_ratio(config_or_shape, n: int, split: int, tail: int, *, maps: bool = True, selected=(),
-                rounds: int = 1, kv_maps: bool = False, queries: int = 1, refit: bool = False) -> float:
+                rounds: int = 1, kv_maps: bool = False, queries: int = 1, refit: bool = False,
+                context: int = 0) -> float:
     """``exact_cost(N).flops / fill_cost(N, S, T, ...).flops``: the speed-up of an ideal fill path when
     prefill is compute-bound. Accepts a ``transformers`` config or a :class:`ModelShape`; ``selected``,
-    ``rounds``, ``kv_maps``, ``queries`` and ``refit`` as in :func:`fill_cost`.
+    ``rounds``, ``kv_maps``, ``queries``, ``refit`` and ``context`` as in :func:`fill_cost`.
 
     Raises:
         InputError: a size out of range or a config without the needed fields.
     """
     shape = config_or_shape if isinstance(config_or_shape, ModelShape) else ModelShape.from_config(config_or_shape)
     cost = fill_cost(shape, n, split, tail, maps=maps, selected=selected, rounds=rounds, kv_maps=kv_maps,
-                     queries=queries, refit=refit)
+                     queries=queries, refit=refit, context=context)
     return exact_cost(shape, n).flops / cost.flops

@@ -4,7 +4,8 @@ Data path for a prompt of ``N`` rows, split ``S``, ``L`` layers:
 
 1. Layers ``0..S`` run exactly on every row (causal attention, as in the plain forward).
 2. ``h_S`` (the output of layer ``S``) is the split state. For each late layer ``l > S`` every
-   *filled* row predicts its layer input ``x̂_l = h_S W_l + b_l`` (:func:`predict_inputs`) and writes
+   *filled* row predicts its layer input ``x̂_l = h_S W_l + b_l`` (:func:`predict_inputs`; context maps read
+   ``[h_S(t), h_S(t−1)]``, :func:`context_features`, the default of ``ridgefill calibrate``) and writes
    only that layer's keys and values from it, through the layer's own input norm, K/V projections
    and RoPE at the row's true position. Filled rows run no attention and no MLP in late layers.
 3. *Exact* rows (the last ``tail`` rows plus any ``exact_rows``) run every late layer in full,
@@ -107,10 +108,11 @@ def predict_inputs(h_split: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """The RidgeFill prediction ``x̂_l = h_S W_l + b_l``.
 
     Args:
-        h_split: ``[batch, rows, d]`` split state of the filled rows.
-        weight: ``W_l`` ``[d, k]``; bias: ``b_l`` ``[k]`` (same dtype as ``h_split``); ``k = d`` for
+        h_split: ``[batch, rows, f]`` split state of the filled rows (``f = d``), or for context maps their
+            :func:`context_features` (``f = 2d``).
+        weight: ``W_l`` ``[f, k]``; bias: ``b_l`` ``[k]`` (same dtype as ``h_split``); ``k = d`` for
             input maps, ``2·kv_dim`` for K/V maps (whose prediction is the pre-RoPE keys and values); or
-            one map per batch row, ``[batch, d, k]`` and ``[batch, k]`` (maps refitted per prompt).
+            one map per batch row, ``[batch, f, k]`` and ``[batch, k]`` (maps refitted per prompt).
 
     Returns:
         ``[batch, rows, k]``. With ``W = I`` and ``b = 0`` it is ``h_S`` itself, the identity fill
@@ -120,6 +122,31 @@ def predict_inputs(h_split: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         return torch.baddbmm(bias[:, None, :], h_split, weight)
     out = torch.addmm(bias, h_split.reshape(-1, h_split.shape[-1]), weight)
     return out.view(*h_split.shape[:-1], weight.shape[-1])
+
+
+def context_features(h_split: Tensor, context: int) -> Tensor:
+    """The input rows of the maps: ``h_S`` itself (``context = 0``), or for context maps (``context = 1``)
+    each row's split state beside the previous row's, ``[h_S(t), h_S(t−1)]``, with zeros before row 0.
+
+    Row ``t``'s features read rows ``t − 1`` and ``t`` only, so a filled row's prediction stays causal
+    (Lean: ``KvaLean.Decoder.fillCache_ofContextMap``, ``KvaLean.Decoder.filled_causal``). The first row of
+    every calibration chunk (position 0) gets zeros as its previous state, as row 0 of a prompt does.
+
+    Args:
+        h_split: ``[..., rows, d]`` split states of consecutive rows from position 0 (any float dtype).
+        context: ``0`` or ``1``.
+
+    Returns:
+        ``[..., rows, d]`` (``h_split`` itself) or ``[..., rows, 2d]``, in the dtype of ``h_split``.
+
+    Raises:
+        InputError: ``context`` not 0 or 1.
+    """
+    context = check_int(context, "context", lo=0, hi=1, hint="0: the row's own h_S; 1: also the previous row's")
+    if context == 0:
+        return h_split
+    prev = torch.nn.functional.pad(h_split.narrow(-2, 0, h_split.shape[-2] - 1), (0, 0, 1, 0))
+    return torch.cat([h_split, prev], -1)
 
 
 def _rows(x: Tensor, index: Tensor, dim: int) -> Tensor:
@@ -265,6 +292,9 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
                              "with ridgefill.load_maps")
         maps.check_model(model, split)
         split = maps.split
+        if refit > 0 and maps.context:
+            raise InputError("refit refits maps that read the row's own h_S; these are context maps (context 1): "
+                             "use maps calibrated with --context 0, or refit=0")
         if refit > 0:
             fit_count(maps)  # the statistics the refit needs, checked before any layer runs
     elif split is None:
@@ -299,7 +329,8 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     _check_finite(x, f"the split state h_S (output of layer {split})")
 
     kind = maps.kind if mode == "ridge" else "inputs"
-    fill = _LateFill(adapter, range(split + 1, L), x, rope, _fill_maps(mode, maps, x), kv_hook,
+    feats = context_features(x, maps.context) if mode == "ridge" else x  # the maps' input rows
+    fill = _LateFill(adapter, range(split + 1, L), x, feats, rope, _fill_maps(mode, maps, x), kv_hook,
                      fast and kv_hook is None and kind == "inputs", none=mode == "none", kind=kind, state=state,
                      refit=(maps, refit, refit_rows) if refit > 0 else None)
     selection = as_selection(select) if select is not None else None
@@ -378,10 +409,10 @@ class _LateFill:
     maps (:attr:`refitted`: ``[late, batch, d, d]`` and ``[late, batch, d]``) and the K/V written from them.
     """
 
-    def __init__(self, adapter, late: range, h: Tensor, rope, maps: tuple[Tensor, Tensor] | None,
+    def __init__(self, adapter, late: range, h: Tensor, feats: Tensor, rope, maps: tuple[Tensor, Tensor] | None,
                  kv_hook: KVHook | None, batched: bool, none: bool, kind: str = "inputs", state=None,
                  refit: tuple[RidgeMaps, float, Tensor | None] | None = None):
-        self.adapter, self.late, self.h, self.rope = adapter, late, h, rope
+        self.adapter, self.late, self.h, self.feats, self.rope = adapter, late, h, feats, rope
         self.maps, self.kv_hook, self.batched, self.none, self.kind = maps, kv_hook, batched, none, kind
         self.state = state  # recurrent layers' conv and delta-rule states (hybrid models), else None
         self.refit, self.refitted = refit, None
@@ -415,7 +446,7 @@ class _LateFill:
         ad = self.adapter
         if not self.attention[i]:  # a recurrent layer: the filled rows advance its state (first, once)
             if not self.have[i].any():
-                h = _rows(self.h, fl, 1)
+                h = _rows(self.h if maps is None else self.feats, fl, 1)
                 ad.advance_state(layer, h if maps is None else predict_inputs(h, *maps), self.state)
                 self.have[i, fl] = True
             return
@@ -424,8 +455,7 @@ class _LateFill:
         rows = rows[~self.have[i, rows]]
         if rows.numel() == 0:
             return
-        h = _rows(self.h, rows, 1)
-        x_hat = h if maps is None else predict_inputs(h, *maps)
+        x_hat = _rows(self.h, rows, 1) if maps is None else predict_inputs(_rows(self.feats, rows, 1), *maps)
         if self.kind == "kv":  # K/V maps predict the pre-RoPE keys and values themselves
             kf, vf = ad.kv_from_targets(layer, x_hat, self.rope.rows(rows))
         else:
@@ -445,7 +475,7 @@ class _LateFill:
             shape = self.keys.shape[:3] + (count, self.keys.shape[4])
             outs = self.h.new_empty(shape), self.h.new_empty(shape)
         w, b = self.maps if self.maps is not None else (None, None)
-        self.adapter.fill_kv(self.late, _rows(self.h, fl, 1), w, b, self.rope.rows(fl), *outs)
+        self.adapter.fill_kv(self.late, _rows(self.h if w is None else self.feats, fl, 1), w, b, self.rope.rows(fl), *outs)
         if not contiguous:
             self.keys.index_copy_(3, fl, outs[0])
             self.values.index_copy_(3, fl, outs[1])

@@ -1,7 +1,8 @@
 """The maps file: per-late-layer ``W_l``, ``b_l`` and their provenance, in ``safetensors``.
 
-Tensors: ``weights`` ``[layers, d, d]`` and ``biases`` ``[layers, d]`` (float32), where entry ``i`` is
-late layer ``S + 1 + i``. Metadata (a JSON string under the key ``ridgefill``): format version, model
+Tensors: ``weights`` ``[layers, f, k]`` and ``biases`` ``[layers, k]`` (float32), where entry ``i`` is
+late layer ``S + 1 + i``; ``f = d`` (or ``2d`` for context maps, metadata ``context`` = 1, whose input is
+``[h_S(t), h_S(t−1)]``), ``k = d`` (input maps) or ``2·kv_dim`` (K/V maps, metadata ``kind`` = ``"kv"``). Metadata (a JSON string under the key ``ridgefill``): format version, model
 name, model hash (config and weight shapes), weight fingerprint (exact, in the fitting dtype), weight sample
 (the first values of every weight, which recognise the same weights loaded in another dtype), the fitting
 dtype and device, split ``S``, ``λ`` per layer, calibration token count, text SHA-256 and held-out
@@ -107,7 +108,8 @@ class RidgeMaps:
 
     Attributes:
         split: ``S``; maps exist for layers ``S+1 .. L-1``.
-        weights: ``[L-S-1, d, d]``; biases: ``[L-S-1, d]`` (any float dtype; float32 on disk).
+        weights: ``[L-S-1, f, k]``; biases: ``[L-S-1, k]`` (any float dtype; float32 on disk); ``f = d``, or
+            ``2d`` for context maps (:attr:`context`); ``k = d`` for input maps, ``2·kv_dim`` for K/V maps.
         lambdas: ``λ`` per late layer.
         meta: provenance (see module docstring).
         stats: the float64 statistics the maps were solved on, or ``None`` (not kept by :meth:`to`).
@@ -135,6 +137,13 @@ class RidgeMaps:
         """``"inputs"`` (``W_l`` ``[d, d]`` predicts the layer input ``x_l``) or ``"kv"`` (``W_l``
         ``[d, 2·kv_dim]`` predicts the layer's pre-RoPE keys and values directly: K/V maps)."""
         return self.meta.get("kind", "inputs")
+
+    @property
+    def context(self) -> int:
+        """Earlier rows each prediction reads (metadata ``context``; ``0`` in files written before it was
+        added): ``0``, ``W_l`` ``[d, k]`` reads the row's own ``h_S``; ``1``, context maps, ``W_l``
+        ``[2d, k]`` reads ``[h_S(t), h_S(t−1)]`` (:func:`ridgefill.fill.context_features`)."""
+        return self.meta.get("context", 0)
 
     @property
     def first_layer(self) -> int:
@@ -180,7 +189,9 @@ class RidgeMaps:
 
             ad = adapter_for(model)
             out = 2 * ad.num_kv_heads * ad.head_dim
-        expected = (cfg.num_hidden_layers - self.split - 1, cfg.hidden_size, out)
+        if self.context not in (0, 1):
+            raise MapsMismatchError(f"maps with context {self.context!r} are not understood (0 or 1); {fix}")
+        expected = (cfg.num_hidden_layers - self.split - 1, cfg.hidden_size * (1 + self.context), out)
         if split is not None and split != self.split:
             raise MapsMismatchError(f"maps were fitted at split S={self.split}, but split S={split} was "
                                     f"requested; use S={self.split} or {fix} at S={split}")
@@ -278,7 +289,7 @@ def attach_stats(maps: RidgeMaps, path: str | os.PathLike) -> RidgeMaps:
     maps.stats = stats
     if maps.mean_h is None and maps.kind == "inputs":
         mean_h, mean_x = stats.means()
-        maps.mean_h, maps.mean_x = mean_h.float(), mean_x.float()
+        maps.mean_h, maps.mean_x = mean_h[:stats.hidden].float(), mean_x.float()
     if maps.cov_h is None and maps.kind == "inputs":
         maps.cov_h = calibration_cov(stats).float()
     return maps
@@ -286,9 +297,10 @@ def attach_stats(maps: RidgeMaps, path: str | os.PathLike) -> RidgeMaps:
 
 def calibration_cov(stats: RidgeStats) -> Tensor:
     """The calibration covariance of ``h_S``, ``Σ (h − h̄)(h − h̄)ᵀ / n`` ``[d, d]`` float64, from the
-    streaming statistics."""
+    streaming statistics (the ``h_S(t)`` block of context maps' features)."""
     mean_h, mean_x = stats.means()
-    return stats.moments(0, mean_h, mean_x[0])[0] / stats.count
+    d = stats.hidden
+    return stats.moments(0, mean_h, mean_x[0])[0][:d, :d] / stats.count
 
 
 def maps_digest(weights: Tensor, biases: Tensor) -> str:
@@ -330,7 +342,7 @@ def _stats_payload(stats: RidgeStats, meta: dict) -> tuple[dict[str, Tensor], st
         raise InputError("cannot save empty statistics (no calibration rows)")
     tensors = {k: getattr(stats, k).detach().to(torch.float64).contiguous().cpu() for k in _STATS_TENSORS}
     meta = dict(meta, format_version=FORMAT_VERSION, count=stats.count, layers=stats.layers,
-                hidden=stats.hidden, outputs=stats.outputs, targets=stats.targets)
+                hidden=stats.hidden, outputs=stats.outputs, targets=stats.targets, context=stats.context)
     try:
         return tensors, json.dumps(meta, sort_keys=True)
     except (TypeError, ValueError) as e:
@@ -390,10 +402,12 @@ _MAPS_SCHEMA: dict[str, Callable[[object], bool]] = {
     "calibration_tokens": _count, "heldout_tokens": _count, "chunk": _count,
     "text_sha256": lambda v: isinstance(v, str), "lambda_spec": lambda v: isinstance(v, str),
     "heldout_rel_error": _opt_reals, "heldout_rel_error_identity": _opt_reals,
+    "context": lambda v: is_int(v) and v in (0, 1),
 }
 #: The same for a statistics file.
 _STATS_SCHEMA: dict[str, Callable[[object], bool]] = {
     "layers": lambda v: is_int(v) and v >= 1, "hidden": lambda v: is_int(v) and v >= 1,
+    "context": lambda v: is_int(v) and v in (0, 1),
     "count": lambda v: is_int(v) and v >= 1, "split": _count,
     "maps_sha256": lambda v: isinstance(v, str), "model_hash": lambda v: v is None or isinstance(v, str),
     "text_sha256": lambda v: v is None or isinstance(v, str),
@@ -436,22 +450,24 @@ def load_stats(path: str | os.PathLike) -> tuple[RidgeStats, dict]:
     if not is_int(outputs) or outputs < 1 or (targets == "inputs" and outputs != d):
         raise MapsFormatError(f"statistics file {str(path)!r} has outputs {outputs!r} for {targets!r} targets of "
                               f"hidden size {d}; {redo}")
+    context = meta.get("context", 0)
+    f = d * (1 + context)  # feature width
     # the tensors' shapes before any allocation sized by the metadata
-    want = {"shift_h": (d,), "sum_h": (d,), "gram": (d, d), "shift_x": (n, outputs), "sum_x": (n, outputs),
-            "cross": (n, d, outputs), "sq_x": (n,)}
+    want = {"shift_h": (f,), "sum_h": (f,), "gram": (f, f), "shift_x": (n, outputs), "sum_x": (n, outputs),
+            "cross": (n, f, outputs), "sq_x": (n,)}
     bad = [f"{k} {tuple(tensors[k].shape)} (expected {v})" for k, v in want.items() if tuple(tensors[k].shape) != v]
     if bad:
         raise MapsFormatError(f"statistics file {str(path)!r}: tensors of the wrong shape for {n} layers of size {d} "
                               f"and {outputs} outputs: {', '.join(bad)}; {redo}")
     if meta["count"] > 2 ** 53:
         raise MapsFormatError(f"statistics file {str(path)!r} claims {meta['count']} rows, beyond float64 counts; {redo}")
-    stats = RidgeStats(n, d, meta.get("count"), tensors["shift_h"], tensors["shift_x"], outputs, targets)
+    stats = RidgeStats(n, d, meta.get("count"), tensors["shift_h"], tensors["shift_x"], outputs, targets, context)
     for k in _STATS_TENSORS[2:]:
         if tensors[k].shape != getattr(stats, k).shape:
             raise MapsFormatError(f"statistics file {str(path)!r}: tensor {k} has shape {tuple(tensors[k].shape)}, "
                                   f"expected {tuple(getattr(stats, k).shape)} for {n} layers of size {d}; {redo}")
         setattr(stats, k, tensors[k])
-    if tensors["shift_h"].shape != (d,) or tensors["shift_x"].shape != (n, stats.outputs):
+    if tensors["shift_h"].shape != (f,) or tensors["shift_x"].shape != (n, stats.outputs):
         raise MapsFormatError(f"statistics file {str(path)!r} has shifts of the wrong shape; {redo}")
     return stats, meta
 
@@ -497,19 +513,20 @@ def load_maps(path: str | os.PathLike) -> RidgeMaps:
     kind = meta.get("kind", "inputs")
     if kind not in ("inputs", "kv"):
         raise MapsFormatError(f"maps file {str(path)!r} has kind {kind!r}; expected 'inputs' or 'kv'; {redo}")
-    square = kind == "inputs"
-    if (w.ndim != 3 or (square and w.shape[1] != w.shape[2]) or b.shape != (w.shape[0], w.shape[2])
-            or len(lambdas) != w.shape[0]):
+    context = meta.get("context", 0)
+    if (w.ndim != 3 or (kind == "inputs" and w.shape[1] != w.shape[2] * (1 + context))
+            or w.shape[1] % (1 + context) or b.shape != (w.shape[0], w.shape[2]) or len(lambdas) != w.shape[0]):
         raise MapsFormatError(f"maps file {str(path)!r} has inconsistent shapes: weights {tuple(w.shape)}, "
                               f"biases {tuple(b.shape)}, {len(lambdas)} λ values, split {split!r}; {redo}")
+    d = w.shape[1] // (1 + context)  # the width of h_S
     mean_h, mean_x = tensors.get("mean_h"), tensors.get("mean_x")
-    if mean_h is not None and (mean_h.shape != w.shape[1:2] or mean_x.shape != w.shape[::2]):
+    if mean_h is not None and (mean_h.shape != (d,) or mean_x.shape != w.shape[::2]):
         raise MapsFormatError(f"maps file {str(path)!r} has calibration means of shapes {tuple(mean_h.shape)} and "
-                              f"{tuple(mean_x.shape)}, expected {tuple(w.shape[1:2])} and {tuple(b.shape)}; {redo}")
+                              f"{tuple(mean_x.shape)}, expected {(d,)} and {tuple(b.shape)}; {redo}")
     cov_h = tensors.get("cov_h")
-    if cov_h is not None and cov_h.shape != (w.shape[1], w.shape[1]):
+    if cov_h is not None and cov_h.shape != (d, d):
         raise MapsFormatError(f"maps file {str(path)!r} has a calibration covariance of shape {tuple(cov_h.shape)}, "
-                              f"expected {(w.shape[1], w.shape[1])}; {redo}")
+                              f"expected {(d, d)}; {redo}")
     if not all(torch.isfinite(t).all() for t in tensors.values()):
         raise MapsFormatError(f"maps file {str(path)!r} holds NaN or Inf values; {redo}")
     return RidgeMaps(split, w, b, [float(v) for v in lambdas], meta, mean_h=mean_h, mean_x=mean_x, cov_h=cov_h)

@@ -7,7 +7,9 @@ split state ``h_S`` (both ``[tokens, hidden]``):
 
 The intercept is unpenalised, so it is removed by centring: with centred Gram ``G = Σ (h−h̄)(h−h̄)ᵀ``
 and cross term ``B_l = Σ (h−h̄)(x_l−x̄_l)ᵀ`` the optimum is the unique solution of the normal
-equations ``(G + λI) W = B_l + λI`` (for ``λ > 0``), and ``b_l = x̄_l − h̄ W_l``. Everything here is
+equations ``(G + λI) W = B_l + λI`` (for ``λ > 0``), and ``b_l = x̄_l − h̄ W_l``. Context maps
+(:attr:`RidgeStats.context` ``= 1``) fit the same problem on the feature rows ``[h_S(t), h_S(t−1)]``
+``[tokens, 2·hidden]``, with the prior ``[I; 0]`` in place of ``I``. Everything here is
 float64 and needs only the statistics, never the activations, so memory does not grow with the
 amount of calibration text.
 
@@ -90,14 +92,17 @@ class RidgeStats:
     ``O(layers · hidden²)``, independent of the number of tokens.
 
     Attributes:
+        layers: number of late layers; hidden: ``d``, the width of ``h_S``.
+        context: earlier rows in each feature row (:func:`ridgefill.fill.context_features`): ``0``, the
+            maps read ``h_S(t)`` (``d`` features); ``1``, context maps, ``[h_S(t), h_S(t−1)]`` (``2d``).
         count: number of token rows seen.
         outputs: size ``k`` of each target row (``hidden`` for the layer inputs ``x_l``; ``2·kv_dim``
             for K/V maps, whose targets are a layer's pre-RoPE keys and values).
         targets: ``"inputs"`` (the late layers' inputs: ridge prior ``W₀ = I``) or ``"kv"`` (their
             pre-RoPE keys and values: prior ``W₀ = 0``); see :func:`default_prior`.
-        shift_h: ``[d]``; shift_x: ``[layers, k]``.
-        sum_h: ``Σ (h − shift_h)`` ``[d]``; gram: ``Σ (h−shift)(h−shift)ᵀ`` ``[d, d]``.
-        sum_x: ``[layers, k]``; cross: ``Σ (h−shift_h)(x_l−shift_x)ᵀ`` ``[layers, d, k]``;
+        shift_h: ``[f]`` (``f`` = :attr:`features`; ``h`` below is a feature row); shift_x: ``[layers, k]``.
+        sum_h: ``Σ (h − shift_h)`` ``[f]``; gram: ``Σ (h−shift)(h−shift)ᵀ`` ``[f, f]``.
+        sum_x: ``[layers, k]``; cross: ``Σ (h−shift_h)(x_l−shift_x)ᵀ`` ``[layers, f, k]``;
         sq_x: ``Σ ‖x_l − shift_x‖²`` ``[layers]``.
     """
 
@@ -108,20 +113,28 @@ class RidgeStats:
     shift_x: Tensor | None = None
     outputs: int | None = None
     targets: str = "inputs"
+    context: int = 0
     sum_h: Tensor = field(init=False)
     gram: Tensor = field(init=False)
     sum_x: Tensor = field(init=False)
     cross: Tensor = field(init=False)
     sq_x: Tensor = field(init=False)
 
+    @property
+    def features(self) -> int:
+        """Width of a feature row: ``hidden · (1 + context)``."""
+        return self.hidden * (1 + self.context)
+
     def __post_init__(self):
-        d, n = self.hidden, self.layers
         if self.outputs is None:
-            self.outputs = d
-        if self.targets not in ("inputs", "kv") or (self.targets == "inputs" and self.outputs != d):
-            raise InputError(f"RidgeStats targets must be 'inputs' (outputs = hidden = {d}) or 'kv'; got "
+            self.outputs = self.hidden
+        if self.targets not in ("inputs", "kv") or (self.targets == "inputs" and self.outputs != self.hidden):
+            raise InputError(f"RidgeStats targets must be 'inputs' (outputs = hidden = {self.hidden}) or 'kv'; got "
                              f"{self.targets!r} with {self.outputs} outputs")
-        k = self.outputs
+        if self.context not in (0, 1):
+            raise InputError(f"RidgeStats context must be 0 (the row's own h_S) or 1 (also the previous row's); "
+                             f"got {self.context!r}")
+        d, n, k = self.features, self.layers, self.outputs
         self.sum_h = torch.zeros(d, dtype=F64)
         self.gram = torch.zeros(d, d, dtype=F64)
         self.sum_x = torch.zeros(n, k, dtype=F64)
@@ -129,15 +142,16 @@ class RidgeStats:
         self.sq_x = torch.zeros(n, dtype=F64)
 
     def update(self, h: Tensor, xs: Tensor) -> None:
-        """Add rows: ``h`` ``[rows, d]`` (split state) and ``xs`` ``[layers, rows, k]`` (the targets:
+        """Add rows: ``h`` ``[rows, f]`` (feature rows: the split state, and with ``context`` the previous
+        row's, :func:`ridgefill.fill.context_features`) and ``xs`` ``[layers, rows, k]`` (the targets:
         late-layer inputs, or K/V for K/V maps).
 
         Raises:
             NonFiniteError: a value is NaN or Inf.
             InputError: shapes do not match the statistics.
         """
-        if h.ndim != 2 or h.shape[1] != self.hidden or xs.shape != (self.layers, h.shape[0], self.outputs):
-            raise InputError(f"expected h [rows, {self.hidden}] and xs [{self.layers}, rows, {self.outputs}]; "
+        if h.ndim != 2 or h.shape[1] != self.features or xs.shape != (self.layers, h.shape[0], self.outputs):
+            raise InputError(f"expected h [rows, {self.features}] and xs [{self.layers}, rows, {self.outputs}]; "
                              f"got {tuple(h.shape)} and {tuple(xs.shape)}")
         h, xs = h.to(F64), xs.to(F64)
         if not (torch.isfinite(h).all() and torch.isfinite(xs).all()):
@@ -161,11 +175,11 @@ class RidgeStats:
             return self
         if self.count == 0:
             return other
-        if (other.outputs, other.targets) != (self.outputs, self.targets):
-            raise InputError(f"cannot merge statistics of {other.targets!r} targets ({other.outputs} outputs) into "
-                             f"{self.targets!r} ones ({self.outputs})")
+        if (other.outputs, other.targets, other.context) != (self.outputs, self.targets, self.context):
+            raise InputError(f"cannot merge statistics of {other.targets!r} targets ({other.outputs} outputs, context "
+                             f"{other.context}) into {self.targets!r} ones ({self.outputs}, context {self.context})")
         out = RidgeStats(self.layers, self.hidden, self.count + other.count, self.shift_h, self.shift_x, self.outputs,
-                         self.targets)
+                         self.targets, self.context)
         # shift other's sums from its shift to ours: v' = v + δ with δ = other.shift − self.shift
         dh = other.shift_h - self.shift_h
         dx = other.shift_x - self.shift_x
@@ -180,12 +194,12 @@ class RidgeStats:
         return out
 
     def means(self) -> tuple[Tensor, Tensor]:
-        """``(h̄ [d], x̄ [layers, d])`` in the original (unshifted) coordinates."""
+        """``(h̄ [f], x̄ [layers, k])`` in the original (unshifted) coordinates (``h̄[:d]`` is the mean of ``h_S``)."""
         return self.shift_h + self.sum_h / self.count, self.shift_x + self.sum_x / self.count
 
     def moments(self, layer: int, mean_h: Tensor, mean_x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Second moments about given points: ``Σ (h−m_h)(h−m_h)ᵀ``, ``Σ (h−m_h)(x_l−m_x)ᵀ`` and
-        ``Σ ‖x_l − m_x‖²`` (``[d, d]``, ``[d, d]``, scalar)."""
+        ``Σ ‖x_l − m_x‖²`` (``[f, f]``, ``[f, k]``, scalar)."""
         n = self.count
         ph, px = mean_h - self.shift_h, mean_x - self.shift_x[layer]
         # Σ (h' − p)(h' − p)ᵀ = G' − s pᵀ − p sᵀ + n p pᵀ, with s = Σ h' (h' shifted values)
@@ -208,9 +222,13 @@ def lambda_grid(gram: Tensor, points: int = 25) -> Tensor:
 
 
 def default_prior(stats: RidgeStats) -> Tensor | None:
-    """The ridge prior ``W₀`` of these statistics: the identity for layer-input targets, ``None`` (zero)
-    for K/V targets (:attr:`RidgeStats.targets`)."""
-    return torch.eye(stats.hidden, dtype=F64) if stats.targets == "inputs" else None
+    """The ridge prior ``W₀`` of these statistics: the identity for layer-input targets (``[I; 0]``
+    ``[f, d]`` with context: the row's own ``h_S`` carried through, the previous row's not read), ``None``
+    (zero) for K/V targets (:attr:`RidgeStats.targets`)."""
+    if stats.targets != "inputs":
+        return None
+    d = stats.hidden
+    return torch.cat([torch.eye(d, dtype=F64), torch.zeros(stats.features - d, d, dtype=F64)])
 
 
 def heldout_errors(fit: RidgeStats, heldout: RidgeStats, layer: int, lams: Tensor,
@@ -286,9 +304,9 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
                          f"{type(stats).__name__} and {type(heldout).__name__}")
     if stats.count == 0:
         raise InputError("no calibration rows: the calibration text produced no tokens")
-    if heldout is not None and (heldout.layers, heldout.hidden) != (stats.layers, stats.hidden):
-        raise InputError(f"heldout statistics are for {heldout.layers} layers of size {heldout.hidden}, "
-                         f"stats for {stats.layers} of size {stats.hidden}: they must come from one split")
+    if heldout is not None and (heldout.layers, heldout.features) != (stats.layers, stats.features):
+        raise InputError(f"heldout statistics are for {heldout.layers} layers of {heldout.features} features, "
+                         f"stats for {stats.layers} of {stats.features}: they must come from one split and context")
     for which, st in (("stats", stats), ("heldout", heldout)):
         for k in ("sum_h", "gram", "sum_x", "cross", "sq_x") if st is not None else ():
             check_finite(getattr(st, k), f"calibration statistics {which}.{k}", NonFiniteError)
@@ -319,7 +337,7 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
     mh, mx = final.means()
     prior = default_prior(final)
     if prior is None:
-        prior = torch.zeros(final.hidden, final.outputs, dtype=F64)
+        prior = torch.zeros(final.features, final.outputs, dtype=F64)
     weights, biases = [], []
     for layer in range(n):
         gram, cross, _ = final.centred(layer)
@@ -343,9 +361,9 @@ def _heldout_report(stats: RidgeStats, heldout: RidgeStats, lams: list[float]):
             rel.append(float(err / total))
             rel_id.append(None)
             continue
-        zero = torch.zeros_like(mh_out)
-        shh, shx, sxx = heldout.moments(layer, zero, zero)  # raw moments: identity error Σ‖x − h‖²
-        ident = sxx - 2 * torch.trace(shx) + torch.trace(shh)
+        shh, shx, sxx = heldout.moments(layer, torch.zeros_like(mh_out), torch.zeros_like(mx_out[layer]))
+        d = stats.hidden  # raw moments of the h_S block: identity error Σ‖x − h‖²
+        ident = sxx - 2 * torch.trace(shx[:d]) + torch.trace(shh[:d, :d])
         rel.append(float(err / total))
         rel_id.append(float(ident / total))
     return rel, rel_id

@@ -57,6 +57,8 @@ class RunConfig:
     calib_tokens: int = 65536
     chunk: int = 1024
     lam: float | str = "auto"
+    #: what the maps read (:func:`ridgefill.fill.context_features`): 1, ``[h_S(t), h_S(t−1)]``; 0, ``h_S(t)``
+    context: int = 1
     docs: int = 4
     doc_tokens: int = 2048
     gen_tokens: int = 16
@@ -175,7 +177,8 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
     else calibrate on the shipped set :meth:`RunConfig.calibration_set` and save them there.
 
     They fit when they match the model and split, were fitted with at least about ``cfg.calib_tokens``
-    tokens, the same λ spec and chunk, and on the calibration set's texts
+    tokens, the same λ spec, chunk and context (:attr:`RunConfig.context`; a file named with ``cfg.maps`` is
+    used with its own context), and on the calibration set's texts
     (:func:`calibration_mismatch`); the last is not asked of a file the user named with ``cfg.maps``
     unless ``cfg.calib_set`` is given. A default-path file that does not fit is refitted; a named one is
     refused.
@@ -198,13 +201,15 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
                 raise MapsFormatError("they hold no calibration means (needed by mode centred) and have no "
                                       "statistics file to take them from")
             same = (maps.meta.get("calibration_tokens", 0) >= cfg.calib_tokens * (1 - 1 / 8)
-                    and maps.meta.get("lambda_spec") == str(cfg.lam) and maps.meta.get("chunk") == cfg.chunk)
+                    and maps.meta.get("lambda_spec") == str(cfg.lam) and maps.meta.get("chunk") == cfg.chunk
+                    and (maps.context == cfg.context or bool(cfg.maps)))  # a named file keeps its context
             other_text = (calibration_mismatch(maps.meta, cfg.calibration_set())
                           if not cfg.maps or cfg.calib_set else None)
             if same and other_text is None:
                 return maps, path, False
             why = other_text or (f"they were fitted with {maps.meta.get('calibration_tokens')} calibration "
-                                 f"tokens, λ {maps.meta.get('lambda_spec')}, chunk {maps.meta.get('chunk')}")
+                                 f"tokens, λ {maps.meta.get('lambda_spec')}, chunk {maps.meta.get('chunk')}, "
+                                 f"context {maps.context}")
         except (MapsFormatError, MapsMismatchError) as e:
             why = str(e)
         if cfg.maps:  # a file the user named is never replaced
@@ -216,7 +221,7 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
     if ckpt.exists():
         print(f"resuming the calibration from the checkpoint {ckpt}")
     maps = calibrate(model, tokenizer, calib, split=cfg.split, tokens=cfg.calib_tokens, chunk=cfg.chunk,
-                     lam=cfg.lam, model_name=model_name, progress=progress, checkpoint=ckpt)
+                     lam=cfg.lam, model_name=model_name, progress=progress, checkpoint=ckpt, context=cfg.context)
     maps.save(path)
     ckpt.unlink(missing_ok=True)
     return maps, path, True
@@ -363,7 +368,7 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
         "calibrated_this_run": fresh, "calibration_seconds": calib_s,
         "calibration_tokens": maps.meta.get("calibration_tokens"),
         "heldout_tokens": maps.meta.get("heldout_tokens"), "lambda_spec": maps.meta.get("lambda_spec"),
-        "lambdas": maps.lambdas, "heldout_rel_error": maps.meta.get("heldout_rel_error"),
+        "lambdas": maps.lambdas, "heldout_rel_error": maps.meta.get("heldout_rel_error"), "context": maps.context,
         "heldout_rel_error_identity": maps.meta.get("heldout_rel_error_identity"),
         "text_sha256": maps.meta.get("text_sha256"), "modes": per_mode,
         "select": None if cfg.select is None else str(cfg.select), "needle_trials": cfg.needle_trials,
@@ -401,7 +406,8 @@ def format_table(report: dict) -> str:
     """The report as a plain-text table (what ``ridgefill run`` prints)."""
     lines = [f"{report['model']}  S={report['split']}/{report['num_layers']}  tail={report['tail']}  "
              f"docs={report['documents']}x{report['doc_tokens']} tokens  "
-             f"calibration={report['calibration_tokens']} tokens  λ={report['lambda_spec']}",
+             f"calibration={report['calibration_tokens']} tokens  λ={report['lambda_spec']}  "
+             f"maps read {'[h_S(t), h_S(t-1)]' if report.get('context') else 'h_S(t)'}",
              f"maps calibrated on: {report.get('calibrated_on', 'unrecorded text')}",
              "evaluated on: " + ", ".join(t["name"] for t in report.get("evaluation_texts", [])),
              f"{'mode':<10}{'NLL':>8}{'ΔNLL':>9}{'agree':>8}{'prefix':>8}{'prefill s':>11}{'exact/mode':>12}"

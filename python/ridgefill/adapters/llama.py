@@ -175,9 +175,10 @@ class LlamaAdapter(DecoderAdapter):
 
         Args:
             layers: the late layers, consecutive (``S+1 .. L-1``).
-            h: ``[batch, rows, d]`` split state of the filled rows.
-            weights: ``[len(layers), d, d]`` or ``None``; biases: ``[len(layers), d]`` or ``None``
-                (model dtype and device).
+            h: ``[batch, rows, f]`` split state of the filled rows (``f = d``), or for context maps their
+                :func:`ridgefill.fill.context_features` (``f = 2d``).
+            weights: ``[len(layers), f, d]`` or ``None`` (identity, ``f = d``); biases: ``[len(layers), d]``
+                or ``None`` (model dtype and device).
             rope: RoPE tables of the filled rows (``cos``/``sin`` ``[1, rows, head_dim]``).
             keys, values: outputs ``[len(layers), batch, kv_heads, rows, head_dim]`` (may be strided
                 views into the cache buffers), written in place.
@@ -187,13 +188,15 @@ class LlamaAdapter(DecoderAdapter):
         Raises:
             ValueError: shapes disagree, or the late layers use different norm epsilons.
         """
-        late, (bsz, rows, d) = len(layers), h.shape
+        late, (bsz, rows, f), d = len(layers), h.shape, self.hidden_size
         want = (late, bsz, self.num_kv_heads, rows, self.head_dim)
         if tuple(keys.shape) != want or tuple(values.shape) != want:
             raise ValueError(f"fill_kv outputs must be {want}; got {tuple(keys.shape)} and {tuple(values.shape)}")
-        if weights is not None and (tuple(weights.shape) != (late, d, d) or biases is None
+        if weights is None and f != d:
+            raise ValueError(f"the identity fill reads h_S [batch, rows, {d}]; got {tuple(h.shape)}")
+        if weights is not None and (tuple(weights.shape) != (late, f, d) or biases is None
                                     or tuple(biases.shape) != (late, d)):
-            raise ValueError(f"fill_kv maps must be [{late}, {d}, {d}] and [{late}, {d}]; got "
+            raise ValueError(f"fill_kv maps must be [{late}, {f}, {d}] and [{late}, {d}]; got "
                              f"{None if weights is None else tuple(weights.shape)} and "
                              f"{None if biases is None else tuple(biases.shape)}")
         wkv, bkv, eps = self._folded_kv(layers)
@@ -202,14 +205,14 @@ class LlamaAdapter(DecoderAdapter):
         for b in range(bsz):
             for r0 in range(0, rows, step):
                 r1 = min(rows, r0 + step)
-                hc = h[b, r0:r1]  # [m, d]
+                hc = h[b, r0:r1]  # [m, f]
                 m = r1 - r0
                 if weights is None:  # identity: x̂_l = h for every layer
                     rms = torch.linalg.vector_norm(hc, dim=-1, keepdim=True, dtype=torch.float32)
                     scale = torch.rsqrt(rms.square_().div_(d).add_(eps)).to(h.dtype)  # [m, 1]
                     kv = torch.matmul(hc, wkv)  # [late, m, 2·kv_dim]
                 elif batched:
-                    xh = torch.baddbmm(biases[:, None, :], hc.expand(late, m, d), weights)  # [late, m, d]
+                    xh = torch.baddbmm(biases[:, None, :], hc.expand(late, m, f), weights)  # [late, m, d]
                     rms = torch.linalg.vector_norm(xh, dim=-1, keepdim=True, dtype=torch.float32)
                     scale = torch.rsqrt(rms.square_().div_(d).add_(eps)).to(h.dtype)  # [late, m, 1]
                     kv = torch.bmm(xh, wkv)

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from ..calibrate import special_prefix
-from ..cli import REFIT_HELP, SELECT_HELP, add_calib_set, parse_lam, parse_refit, parse_select
+from ..cli import REFIT_HELP, SELECT_HELP, add_calib_set, add_context, parse_lam, parse_refit, parse_select
+from ..run import RunConfig
 from ..errors import InputError
 from ..select import needs_maps
 
@@ -83,6 +84,7 @@ def _common(p: argparse.ArgumentParser, json_default: str) -> None:
     p.add_argument("--chunk", type=int, default=1024, help="calibration chunk length (default 1024)")
     p.add_argument("--lam", type=parse_lam, default="auto", help="ridge λ for maps fitted here: a number or 'auto' (default)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_context(p, RunConfig.context)
     p.add_argument("--maps", default=None, metavar="FILE", help="a maps file to evaluate (its split must be the "
                    "one asked); default: fit or reuse <out>/maps-S<S>.safetensors on the shipped calibration set "
                    "(--calib-set)")
@@ -245,7 +247,7 @@ def _maps(a, model, tok, name, splits, needed: bool):
         maps.check_model(model, maps.split)
         return {maps.split: maps}
     return maps_for_splits(model, tok, name, splits, out=a.out, calib_tokens=a.calib_tokens, chunk=a.chunk,
-                           lam=a.lam, progress=not a.quiet, calib_set=a.calib_set)
+                           lam=a.lam, progress=not a.quiet, calib_set=a.calib_set, context=a.context)
 
 
 def _header(a, name, model, kind: str) -> dict:
@@ -265,7 +267,8 @@ def _maps_meta(maps_by_split) -> dict:
                                             "lambda_spec": m.meta.get("lambda_spec"), "lambdas": m.lambdas,
                                             "heldout_rel_error": m.meta.get("heldout_rel_error"),
                                             "heldout_rel_error_identity": m.meta.get("heldout_rel_error_identity"),
-                                            "calibrated_on": calibration_label(m.meta)}
+                                            "calibrated_on": calibration_label(m.meta), "context": m.context,
+                                            "kind": m.kind}
             for s, m in maps_by_split.items()}
 
 

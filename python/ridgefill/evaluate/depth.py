@@ -55,13 +55,13 @@ def maps_path(out: str | Path, split: int) -> Path:
 
 def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: Sequence[int], *,
                     out: str | Path = "ridgefill-out", calib_tokens: int = 65536, chunk: int = 1024,
-                    lam: float | str = "auto", progress: bool = True, calib_set: str | None = None
-                    ) -> dict[int, RidgeMaps]:
+                    lam: float | str = "auto", progress: bool = True, calib_set: str | None = None,
+                    context: int = 1) -> dict[int, RidgeMaps]:
     """Maps for every split: load ``<out>/maps-S<S>.safetensors`` (with its statistics file, when there is
     one) when it fits the model and was fitted on the shipped calibration set ``calib_set``
     (:func:`ridgefill.run.calibration_mismatch`; ``None``: the default set,
-    :data:`ridgefill.assets.DEFAULT_CALIBRATION_SET`) with the same λ spec, chunk and (at least about)
-    ``calib_tokens`` tokens; fit the missing splits together in one pass over that set's texts
+    :data:`ridgefill.assets.DEFAULT_CALIBRATION_SET`) with the same λ spec, chunk, ``context``
+    (:func:`ridgefill.fill.context_features`) and (at least about) ``calib_tokens`` tokens; fit the missing splits together in one pass over that set's texts
     (:func:`ridgefill.assets.calibration_texts`) and save them there.
 
     Returns:
@@ -88,7 +88,7 @@ def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: 
                 other_text = calibration_mismatch(maps.meta, calib_set)
                 if (maps.meta.get("calibration_tokens", 0) >= calib_tokens * (1 - 1 / 8)
                         and maps.meta.get("lambda_spec") == str(lam) and maps.meta.get("chunk") == chunk
-                        and other_text is None):
+                        and maps.context == context and other_text is None):
                     attach_stats(maps, path)  # the statistics (re-solves with another λ) and the means
                     result[split] = maps
                     continue
@@ -100,7 +100,7 @@ def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: 
     if missing:
         fitted = calibrate_many(model, tokenizer, calib, splits=missing,
                                 tokens=calib_tokens, chunk=chunk, lam=lam, model_name=model_name,
-                                progress=progress)
+                                progress=progress, context=context)
         for split, maps in fitted.items():
             maps.save(maps_path(out, split))
             result[split] = maps

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..adapters import adapter_for
+from ..fill import context_features
 from ..maps import RidgeMaps
 
 
@@ -63,7 +64,7 @@ def kv_errors(model: torch.nn.Module, docs: Sequence[Tensor], fills: Mapping[str
                         p = ad.kv_targets(layer, h)[0].double()
                     else:
                         w, b = fill.layer(layer)
-                        pred = h[0] @ w.to(h.dtype) + b.to(h.dtype)
+                        pred = context_features(h[0], fill.context) @ w.to(h.dtype) + b.to(h.dtype)
                         p = (ad.kv_targets(layer, pred[None])[0] if fill.kind == "inputs" else pred).double()
                     pk, pv = p[:, :kvd], p[:, kvd:]
                     a = acc[name][i]

@@ -129,7 +129,7 @@ def state_errors(model: torch.nn.Module, ids: Tensor, *, tail: int, mode: str, m
         InputError: a mode other than ``ridge``/``identity``, ridge without maps, identity without split.
     """
     from ..adapters import adapter_for
-    from ..fill import predict_inputs, prefill
+    from ..fill import context_features, predict_inputs, prefill
 
     if mode not in ("ridge", "identity") or (mode == "ridge" and maps is None) or (mode == "identity" and split is None):
         raise InputError("state_errors needs mode 'ridge' with maps or 'identity' with a split")
@@ -153,7 +153,7 @@ def state_errors(model: torch.nn.Module, ids: Tensor, *, tail: int, mode: str, m
         m = maps.to(dtype=h.dtype, device=h.device) if mode == "ridge" else None
         for l in late:
             state = ad.new_state()
-            ad.advance_state(l, h if m is None else predict_inputs(h, *m.layer(l)), state)
+            ad.advance_state(l, h if m is None else predict_inputs(context_features(h, m.context), *m.layer(l)), state)
             out[l]["conv_after_filled"] = _rel(state.layers[l].conv_states[0], cache.layers[l].conv_states[0])
             out[l]["recurrent_after_filled"] = _rel(state.layers[l].recurrent_states[0],
                                                     cache.layers[l].recurrent_states[0])
@@ -290,7 +290,7 @@ def fit_key_scales(model: torch.nn.Module, maps, chunks: Sequence[Tensor], *, mo
         InputError: no chunks, a bad mode, or no split.
     """
     from ..adapters import adapter_for
-    from ..fill import predict_inputs
+    from ..fill import context_features, predict_inputs
 
     if not chunks:
         raise InputError("fit_key_scales needs at least one calibration chunk")
@@ -313,7 +313,7 @@ def fit_key_scales(model: torch.nn.Module, maps, chunks: Sequence[Tensor], *, mo
         h_split = None
         for layer in range(L):
             if layer > split:
-                x_hat = predict_inputs(h_split, *m.layer(layer)) if mode == "ridge" else h_split
+                x_hat = predict_inputs(context_features(h_split, m.context), *m.layer(layer)) if mode == "ridge" else h_split
                 ke, _ = adapter.kv(layer, x, rope)
                 kf, _ = adapter.kv(layer, x_hat, rope)
                 ne, nf = ke.norm(dim=-1).double(), kf.norm(dim=-1).double()  # [1, kv_heads, rows]

@@ -152,7 +152,8 @@ class RidgeFillLlamaModel(LlamaModel):
             self._kv.append((w, None if bias is None else bias[attn.q_size:].detach().clone()))
 
     def _write_filled(self, j: int, h: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
-        """Late layer ``self.late[j]``: K/V of the filled tokens from ``x̂ = h W + b`` into the paged cache."""
+        """Late layer ``self.late[j]``: K/V of the filled tokens from ``x̂ = h W + b`` into the paged cache
+        (``h`` ``[F, f]``: the filled tokens' ``h_S``, beside the previous token's for context maps)."""
         layer = self.layers[self.late[j]]
         attn = layer.self_attn
         x_hat = torch.addmm(self._b[j], h, self._w[j])  # [F, d]
@@ -188,6 +189,8 @@ class RidgeFillLlamaModel(LlamaModel):
                                     "exact": plan.exact.numel()}) + "\n")
         h = hidden + residual if residual is not None else hidden  # h_S, the input of layer S+1: [tokens, d]
         h_f, pos_f = h[plan.filled], positions[plan.filled]
+        if self.fill_maps.context:  # context maps read the previous token's h_S too (zeros at position 0)
+            h_f = torch.cat([h_f, h[(plan.filled - 1).clamp_min(0)] * (pos_f > 0)[:, None].to(h.dtype)], -1)
         x, pos_e, residual = h[plan.exact], positions[plan.exact], None
         slots = get_forward_context().slot_mapping
         saved = {name: slots.get(name) for name in self.late_names}

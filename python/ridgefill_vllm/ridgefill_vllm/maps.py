@@ -32,14 +32,20 @@ class FillMaps:
 
     Attributes:
         split: ``S``.
-        weights: ``W_l`` ``[L-S-1, d, d]`` float32; biases: ``b_l`` ``[L-S-1, d]`` float32.
-        meta: the file's metadata (model name, weight sample, λ, ...).
+        weights: ``W_l`` ``[L-S-1, f, d]`` float32 (``f = d``, or ``2d`` for context maps, which read
+            ``[h_S(t), h_S(t−1)]``: ``ridgefill.fill.context_features``); biases: ``b_l`` ``[L-S-1, d]`` float32.
+        meta: the file's metadata (model name, weight sample, λ, ``context``, ...).
     """
 
     split: int
     weights: Tensor
     biases: Tensor
     meta: dict = field(default_factory=dict)
+
+    @property
+    def context(self) -> int:
+        """``1`` for context maps (the previous token's split state is read too), else ``0``."""
+        return self.meta.get("context", 0)
 
     def check_shape(self, num_layers: int, hidden: int) -> None:
         """Check the maps fit a model of ``num_layers`` layers of width ``hidden``.
@@ -50,7 +56,7 @@ class FillMaps:
         fix = "fit maps for this model with `ridgefill calibrate --model <this model's folder>`"
         if not 0 <= self.split <= num_layers - 2:
             raise MapsMismatchError(f"maps split S={self.split} is outside this model's 0..{num_layers - 2}; {fix}")
-        want = (num_layers - self.split - 1, hidden, hidden)
+        want = (num_layers - self.split - 1, hidden * (1 + self.context), hidden)
         if tuple(self.weights.shape) != want:
             raise MapsMismatchError(f"maps have weights {tuple(self.weights.shape)}, but this model ({num_layers} "
                                     f"layers, hidden size {hidden}) at S={self.split} needs {want}; {fix}")
@@ -127,11 +133,14 @@ def load_fill_maps(path: str | os.PathLike) -> FillMaps:
     if kind != "inputs":
         raise MapsFormatError(f"maps file {str(path)!r} holds maps of kind {kind!r}; the vLLM plugin serves input "
                               "maps (kind 'inputs', the default of `ridgefill calibrate`): refit without --targets kv")
+    context = meta.get("context", 0)
+    if context not in (0, 1) or isinstance(context, bool):
+        raise MapsFormatError(f"maps file {str(path)!r} has context {context!r} (0 or 1); {redo}")
     w, b = tensors["weights"], tensors["biases"]
     if any(t.dtype != torch.float32 for t in tensors.values()):
         raise MapsFormatError(f"maps file {str(path)!r} holds weights {w.dtype} and biases {b.dtype}; the format "
                               f"stores float32; {redo}")
-    if w.ndim != 3 or w.shape[1] != w.shape[2] or tuple(b.shape) != (w.shape[0], w.shape[2]) or len(lambdas) != w.shape[0]:
+    if w.ndim != 3 or w.shape[1] != w.shape[2] * (1 + context) or tuple(b.shape) != (w.shape[0], w.shape[2]) or len(lambdas) != w.shape[0]:
         raise MapsFormatError(f"maps file {str(path)!r} has inconsistent shapes: weights {tuple(w.shape)}, biases "
                               f"{tuple(b.shape)}, {len(lambdas)} λ values; {redo}")
     if not (torch.isfinite(w).all() and torch.isfinite(b).all()):
