@@ -36,10 +36,12 @@ for preset, dtype, n, split, tail in [("tiny-random", torch.float32, 512, 2, 64)
                                       ("tiny-random", torch.bfloat16, 512, 2, 64),
                                       ("llama3-8b-random", torch.bfloat16, 2048, 16, 256)]:
     model = random_model(preset, "cuda", dtype)
-    res = check_fast_path(model, timing_maps(model, split), n=n, tail=tail)
-    print(f"{preset:>17} {str(dtype):>15} N={n}: max rel. diff K/V {res['max_rel_kv']:.2e}, logits "
-          f"{res['max_rel_logits']:.2e} (tolerance {res['tolerance']:.0e}) -> {'ok' if res['ok'] else 'MISMATCH'}")
-    failed |= not res["ok"]
+    for context in (0, 1):  # plain maps and context maps ([2d, d], the default)
+        res = check_fast_path(model, timing_maps(model, split, context=context), n=n, tail=tail)
+        print(f"{preset:>17} {str(dtype):>15} N={n} context {context}: max rel. diff K/V {res['max_rel_kv']:.2e}, "
+              f"logits {res['max_rel_logits']:.2e} (tolerance {res['tolerance']:.0e}) -> "
+              f"{'ok' if res['ok'] else 'MISMATCH'}")
+        failed |= not res["ok"]
     del model
     torch.cuda.empty_cache()
 sys.exit(1 if failed else 0)

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                                                         "weights_dtype", "weights_device", "weight_sample", "chunk")}
     meta.update(calibration_tokens=sum(int(m.get("calibration_tokens", 0)) for m in metas), heldout_tokens=0,
                 lambda_spec=f"merged: {a.lam if a.lam is not None else f'{a.lam_factor} x geometric mean of the λ of {[Path(f).name for f in a.lam_from]}'}",
-                calibration_texts=texts, kind="inputs",
+                calibration_texts=texts, kind="inputs", context=total.context,
                 merged_from=[s.partition("=")[0] for s in a.inputs])
     if fps and len(fps) == len(a.inputs):  # every input recorded its fingerprint: their union
         import numpy as np
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       hashes[hashes % np.uint64(sample) == 0]).to_meta()
     mean_h, mean_x = fit.stats.means()
     out = RidgeMaps(splits.pop(), fit.weights.float(), fit.biases.float(), fit.lambdas, meta, fit.stats,
-                    mean_h=mean_h.float(), mean_x=mean_x.float(), cov_h=calibration_cov(fit.stats).float())
+                    mean_h=mean_h[:fit.stats.hidden].float(), mean_x=mean_x.float(),
+                    cov_h=calibration_cov(fit.stats).float())
     out.save(a.out)
     print(f"wrote {a.out}: {fit.stats.count} rows from {len(a.inputs)} maps files, λ per layer "
           f"{[f'{v:.3g}' for v in fit.lambdas]}")

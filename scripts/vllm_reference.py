@@ -47,9 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = fetch_default_model()
     model, tok, name = load_model(str(model_dir))
     maps_path = Path(args.maps)
-    if maps_path.exists():
-        maps = load_maps(maps_path)
-    else:
+    maps = load_maps(maps_path) if maps_path.exists() else None
+    if maps is None or maps.context != args.context:  # maps of another context (an older run's) are refitted
         texts = load_texts()
         maps = calibrate(model, tok, {k: texts[k] for k in CALIBRATION_BOOKS}, split=args.split,
                          tokens=args.calib_tokens, model_name=name, progress=False, context=args.context)

@@ -83,11 +83,12 @@ def prompt_source(model_dir: str, need: int, rf):
     return (lambda n, i: random.Random(i).choices(range(100, vocab), k=n)), "pseudo-random ids"
 
 
-def flop_bound(rf, model_dir: str, n: int, split: int, tail: int) -> float | None:
+def flop_bound(rf, model_dir: str, n: int, split: int, tail: int, context: int = 0) -> float | None:
     if rf is None:
         return None
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    return rf[1].ideal_ratio(rf[1].ModelShape.from_config(SimpleNamespace(**cfg)), n, split, min(tail, n))
+    return rf[1].ideal_ratio(rf[1].ModelShape.from_config(SimpleNamespace(**cfg)), n, split, min(tail, n),
+                             context=context)
 
 
 def main() -> None:
@@ -109,7 +110,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    split = json.loads(__import__("safetensors").safe_open(args.maps, "pt").metadata()["ridgefill"])["split"]
+    maps_meta = json.loads(__import__("safetensors").safe_open(args.maps, "pt").metadata()["ridgefill"])
+    split, context = maps_meta["split"], maps_meta.get("context", 0)
     max_len = max(lengths) + 16
     common = dict(dtype="float32", enforce_eager=True, max_model_len=max_len, max_num_batched_tokens=max_len,
                   enable_chunked_prefill=False, enable_prefix_caching=False, seed=0)
@@ -135,7 +137,7 @@ def main() -> None:
                 times[k].append(time.perf_counter() - t0)
         exact, fill = statistics.median(times["exact"]), statistics.median(times["fill"])
         rows.append({"tokens": n, "exact_s": exact, "fill_s": fill, "ratio": exact / fill,
-                     "bound": flop_bound(rf, args.model, n, split, args.tail), "exact_all": times["exact"],
+                     "bound": flop_bound(rf, args.model, n, split, args.tail, context), "exact_all": times["exact"],
                      "fill_all": times["fill"]})
         print(f"{n:>7} tokens  exact {exact:8.3f} s  fill {fill:8.3f} s  ratio {exact / fill:5.2f}x", flush=True)
     print(f"\nvLLM TTFT, {args.model.rstrip('/').split('/')[-1]}, S={split}, tail={args.tail}, {args.repeats} "

@@ -162,3 +162,22 @@ def test_fill_kv_batched_path_reads_the_context_features(model, ctx_maps):
         torch.testing.assert_close(a.cache.layers[layer].keys, b.cache.layers[layer].keys, atol=2e-5, rtol=0)
     ad = adapter_for(model)
     assert ad.supports_fill_kv()
+
+
+def test_save_refuses_weights_that_do_not_fit_the_context(tmp_path, ctx_maps):
+    lying = RidgeMaps(S, ctx_maps.weights, ctx_maps.biases, ctx_maps.lambdas, dict(ctx_maps.meta, context=0))
+    with pytest.raises(InputError, match="do not fit their kind 'inputs' and context 0"):
+        lying.save(tmp_path / "lying.safetensors")
+    assert not (tmp_path / "lying.safetensors").exists()
+
+
+def test_kv_context_maps_with_held_out_chunks_round_trip(tmp_path, model):
+    """K/V maps record no identity-fill error (None per layer); their file loads back (context maps too)."""
+    kv = calibrate(model, CharTokenizer(), [TEXT], split=S, tokens=1024, chunk=128, progress=False, targets="kv",
+                   context=1)
+    assert kv.meta["heldout_rel_error_identity"] == [None] * kv.weights.shape[0]
+    kv.save(tmp_path / "kv.safetensors")
+    back = load_maps(tmp_path / "kv.safetensors")
+    assert back.kind == "kv" and back.context == 1 and torch.equal(back.weights, kv.weights)
+    ids = torch.randint(0, 101, (1, 30), generator=torch.Generator().manual_seed(8))
+    assert torch.equal(prefill(model, ids, back, tail=3).logits, prefill(model, ids, kv, tail=3).logits)

@@ -16,9 +16,9 @@ from evaluate_helpers import save_byte_model
 def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("evalcli")
     model, tok = save_byte_model(root / "model", seed=5)
-    for split in (2, 3):  # on the default calibration set, so that the eval commands reuse them
+    for split in (2, 3):  # on the default calibration set, with the default context: the eval commands reuse them
         calibrate(model, tok, calibration_texts(), split=split, tokens=1024, chunk=128, lam="auto",
-                  progress=False).save(root / "out" / f"maps-S{split}.safetensors")
+                  progress=False, context=1).save(root / "out" / f"maps-S{split}.safetensors")
     return root
 
 
@@ -43,12 +43,14 @@ def test_eval_refit_refuses_short_documents_and_runs_without_ridge(workdir, caps
 
 def test_eval_commands_and_report(workdir, capsys):
     out = workdir / "out"
+    fitted = (out / "maps-S2.safetensors").stat().st_mtime_ns
     assert _run(workdir, "eval", "loss", "--splits", "2", *LOSS) == 0
+    assert (out / "maps-S2.safetensors").stat().st_mtime_ns == fitted  # the fixture's maps, reused
     loss = json.loads((out / "loss.json").read_text())
     assert loss["kind"] == "loss" and loss["splits"] == [2] and loss["local_context"] == [9, 16]
     assert {(r["set"], r["tokens"]) for r in loss["summary"]} >= {("plain", "all"), ("novel", "all"), ("all", "all")}
     assert {r["variant"] for r in loss["summary"]} == {"2/ridge", "2/identity", "2/none"}
-    assert loss["maps"]["2"]["calibration_tokens"] == 1024  # reused, not refitted
+    assert loss["maps"]["2"]["calibration_tokens"] == 1024 and loss["maps"]["2"]["context"] == 1
     assert len(loss["documents"]) == 4 and all(len(d["exact"]) == 32 for d in loss["documents"])
     assert loss["document_sets"]["novel"]["renamed"]["Persuasion"] > 10
 
@@ -80,9 +82,11 @@ def test_eval_commands_and_report(workdir, capsys):
 
     # --refit: every ridge system again with the maps refitted on the exact rows; it refits maps from h_S
     # alone (--context 0): the default context maps are refused with a message naming the fix
+    before = (out / "maps-S2.safetensors").stat().st_mtime_ns
     assert _run(workdir, "eval", "loss", "--splits", "2", "--modes", "ridge", "--select", "budget=8", "--refit", "4",
                 "--json", str(out / "loss-refit.json"), *LOSS) == 2
     assert "--context 0" in capsys.readouterr().err
+    assert (out / "maps-S2.safetensors").stat().st_mtime_ns == before  # refused before any maps were fitted
     assert _run(workdir, "eval", "loss", "--splits", "2", "--modes", "ridge", "--select", "budget=8", "--refit", "4",
                 "--context", "0", "--json", str(out / "loss-refit.json"), *LOSS) == 0
     refit = json.loads((out / "loss-refit.json").read_text())

@@ -26,6 +26,14 @@ def test_plan_tail_per_request_and_decode_tokens_exact():
     assert plan.num_tokens == 9
 
 
+def test_plan_previous_token_stays_in_its_request():
+    """Context maps read the previous token's h_S: within the request, -1 (zeros) at a request's first token."""
+    qsl = torch.tensor([0, 6, 7, 12], dtype=torch.int32)  # a 6-token prompt, a decoding step, a 5-token prompt
+    plan = make_plan(qsl, torch.arange(100, 112), tail=2)
+    assert plan.filled.tolist() == [0, 1, 2, 3, 7, 8, 9]
+    assert plan.filled_prev.tolist() == [-1, 0, 1, 2, -1, 7, 8]
+
+
 def test_plan_none_without_filled_tokens():
     assert make_plan(torch.tensor([0, 1, 2], dtype=torch.int32), torch.arange(2), tail=1) is None
     assert make_plan(torch.tensor([0, 4], dtype=torch.int32), torch.arange(4), tail=4) is None
@@ -34,6 +42,25 @@ def test_plan_none_without_filled_tokens():
 def test_plan_ignores_padding_tokens():
     plan = make_plan(torch.tensor([0, 5], dtype=torch.int32), torch.arange(8), tail=2)
     assert plan.filled.tolist() == [0, 1, 2] and plan.exact.tolist() == [3, 4]
+
+
+def test_maps_reader_context_maps(tmp_path):
+    """Context maps ([2d, d] weights, metadata context 1) are read; a context that does not fit the weights is
+    refused."""
+    d, layers = 4, 2
+    w = torch.zeros(layers, 2 * d, d)
+    meta = {"format_version": 1, "split": 1, "lambdas": [1.0] * layers, "context": 1}
+    save_file({"weights": w, "biases": torch.zeros(layers, d)}, tmp_path / "ctx.safetensors",
+              metadata={"ridgefill": json.dumps(meta)})
+    maps = load_fill_maps(tmp_path / "ctx.safetensors")
+    assert maps.context == 1
+    maps.check_shape(4, d)
+    with pytest.raises(MapsMismatchError, match="needs"):
+        maps.check_shape(4, 2 * d)
+    save_file({"weights": w, "biases": torch.zeros(layers, d)}, tmp_path / "lying.safetensors",
+              metadata={"ridgefill": json.dumps(dict(meta, context=0))})
+    with pytest.raises(MapsFormatError, match="inconsistent shapes"):
+        load_fill_maps(tmp_path / "lying.safetensors")
 
 
 def _maps_file(path, split=1, layers=2, d=4, meta=None, **tensors):

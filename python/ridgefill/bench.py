@@ -151,8 +151,8 @@ def timing_maps(model: torch.nn.Module, split: int, *, seed: int = 0, scale: flo
     Raises:
         InputError: ``split`` outside ``0..L-2``, or ``context`` not 0 or 1.
     """
-    if context not in (0, 1) or isinstance(context, bool):
-        raise InputError(f"context={context!r} must be 0 or 1")
+    if type(context) is not int or context not in (0, 1):
+        raise InputError(f"context={context!r} must be the integer 0 or 1")
     cfg = model.config
     L, d = cfg.num_hidden_layers, cfg.hidden_size
     if not 0 <= split <= L - 2:
@@ -413,12 +413,13 @@ def check_fast_path(model, maps: RidgeMaps, n: int = 512, tail: int = 64, seed: 
     return {"n": n, "max_rel_kv": kv, "max_rel_logits": logits, "tolerance": tol, "ok": kv <= tol and logits <= tol}
 
 
-def bench_calibration(model, lengths: tuple[int, ...], chunk: int, *, seed: int = 0) -> list[dict]:
+def bench_calibration(model, lengths: tuple[int, ...], chunk: int, *, seed: int = 0, context: int = 0) -> list[dict]:
     """Calibration throughput and memory at several text lengths (random token ids).
 
     For each length ``n`` (a multiple of ``chunk``): a plain forward (``model(ids, logits_to_keep=1)``,
-    one call per chunk) and :func:`ridgefill.calibrate.collect_stats` over the same chunks (split
-    ``L // 2``, the float64 statistics included), each timed and its peak memory measured.
+    one call per chunk) and :func:`ridgefill.calibrate.collect_stats_many` over the same chunks (split
+    ``L // 2``, the float64 statistics included, of context maps with ``context = 1``), each timed and its
+    peak memory measured.
 
     Returns:
         One dict per length: ``tokens``, ``forward_tok_s``, ``calib_tok_s``, ``relative`` (calibration
@@ -427,7 +428,7 @@ def bench_calibration(model, lengths: tuple[int, ...], chunk: int, *, seed: int 
     Raises:
         InputError: a length that is not a positive multiple of ``chunk``.
     """
-    from .calibrate import collect_stats
+    from .calibrate import collect_stats_many
 
     device = next(model.parameters()).device
     split = model.config.num_hidden_layers // 2
@@ -444,7 +445,7 @@ def bench_calibration(model, lengths: tuple[int, ...], chunk: int, *, seed: int 
                     model(c[None].to(device), logits_to_keep=1, use_cache=False)
 
         def calib():
-            return collect_stats(model, chunks, split, progress=False)
+            return collect_stats_many(model, chunks, (split,), progress=False, context=context)
 
         plain()  # warm-up
         rec = {"tokens": n}
@@ -556,7 +557,8 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
     if cfg.calibration:
         if progress:
             print(f"calibration at {cfg.calib_lengths} tokens ...", file=sys.stderr, flush=True)
-        report["calibration"] = bench_calibration(model, tuple(cfg.calib_lengths), cfg.calib_chunk, seed=cfg.seed)
+        report["calibration"] = bench_calibration(model, tuple(cfg.calib_lengths), cfg.calib_chunk, seed=cfg.seed,
+                                                  context=cfg.context)
     report["complete"] = True
     save()
     return report

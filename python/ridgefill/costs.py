@@ -235,8 +235,10 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
         raise InputError(f"selected rows must be distinct positions among the filled rows 0..{filled - 1}")
     if not isinstance(rounds, int) or rounds < 0:
         raise InputError(f"rounds={rounds!r} must be an int ≥ 0")
-    if context not in (0, 1) or isinstance(context, bool):
-        raise InputError(f"context={context!r} must be 0 (maps read h_S) or 1 (context maps)")
+    if type(context) is not int or context not in (0, 1):
+        raise InputError(f"context={context!r} must be the integer 0 (maps read h_S) or 1 (context maps)")
+    if refit and context:
+        raise InputError("refit refits maps that read h_S alone: it is not counted with context=1 (prefill refuses it)")
     row = shape.projection_flops + shape.mlp_flops
     k = len(selected)
     # exact late-layer rows over all passes: the tail once, then the tail and the chosen rows per round

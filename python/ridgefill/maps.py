@@ -241,6 +241,12 @@ class RidgeMaps:
         statistics, when present, to :func:`stats_path` ``(path)`` (a stale statistics file there is
         removed when there are none). Both are written under the lock :func:`pair_lock_path` ``(path)``,
         so concurrent saves to one path leave one save's maps and statistics, never a mix."""
+        w = self.weights
+        if self.context not in (0, 1) or w.ndim != 3 or w.shape[1] % (1 + self.context) or (
+                self.kind == "inputs" and w.shape[1] != w.shape[2] * (1 + self.context)):
+            raise InputError(f"these maps' weights {tuple(w.shape)} do not fit their kind {self.kind!r} and context "
+                             f"{self.context!r} (context maps read [h_S(t), h_S(t-1)]: weights [layers, 2d, k]; set "
+                             "meta['context'] to what the weights read)")
         meta = dict(self.meta, format_version=FORMAT_VERSION, split=self.split, lambdas=self.lambdas)
         tensors = {"weights": self.weights.detach().to(torch.float32).contiguous().cpu(),
                    "biases": self.biases.detach().to(torch.float32).contiguous().cpu()}
@@ -401,7 +407,9 @@ _MAPS_SCHEMA: dict[str, Callable[[object], bool]] = {
     "weights_dtype": lambda v: isinstance(v, str), "weights_device": lambda v: isinstance(v, str),
     "calibration_tokens": _count, "heldout_tokens": _count, "chunk": _count,
     "text_sha256": lambda v: isinstance(v, str), "lambda_spec": lambda v: isinstance(v, str),
-    "heldout_rel_error": _opt_reals, "heldout_rel_error_identity": _opt_reals,
+    "heldout_rel_error": _opt_reals,
+    # K/V maps have no identity fill to compare with: None per layer
+    "heldout_rel_error_identity": lambda v: v is None or (isinstance(v, list) and all(x is None or _finite_real(x) for x in v)),
     "context": lambda v: is_int(v) and v in (0, 1),
 }
 #: The same for a statistics file.

@@ -51,11 +51,14 @@ def fit_count(maps: RidgeMaps) -> int:
     final maps are solved on both), the fitting tokens alone with a given ``λ``.
 
     Raises:
-        InputError: the maps record no calibration token counts, means or covariance (maps written
-            before they were stored, K/V maps, or maps built by hand): refit them with
-            ``ridgefill calibrate``.
+        InputError: context maps (:attr:`RidgeMaps.context`), or maps that record no calibration token
+            counts, means or covariance (maps written before they were stored, K/V maps, or maps built by
+            hand): refit them with ``ridgefill calibrate`` (``--context 0``).
     """
     meta = maps.meta
+    if maps.context:
+        raise InputError("refit refits maps that read the row's own h_S; these are context maps (context 1): use "
+                         "maps calibrated with --context 0, or refit=0 (--refit 0)")
     if (maps.kind != "inputs" or maps.mean_h is None or maps.mean_x is None or maps.cov_h is None
             or not isinstance(meta.get("calibration_tokens"), int)):
         raise InputError("refit needs input maps that store their calibration means, covariance and token "

@@ -229,6 +229,9 @@ def _maps(a, model, tok, name, splits, needed: bool):
 
     if not needed:
         return {s: None for s in splits}
+    if getattr(a, "refit", 0) > 0 and not a.maps and a.context:  # refused before any maps are fitted
+        raise InputError("--refit refits maps that read the row's own h_S; the maps fitted here would be context "
+                         "maps (--context 1, the default): pass --context 0 with --refit")
     if a.maps:  # the user's maps file, at its own split
         from ..maps import attach_stats, load_maps
 

@@ -92,8 +92,9 @@ def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: 
                     attach_stats(maps, path)  # the statistics (re-solves with another λ) and the means
                     result[split] = maps
                     continue
-                if other_text is not None:
-                    print(f"existing maps at {path} not usable ({other_text}); calibrating anew")
+                if other_text is not None or maps.context != context:
+                    why = other_text or f"they read context {maps.context}, this run asks for --context {context}"
+                    print(f"existing maps at {path} not usable ({why}); calibrating anew")
             except (MapsFormatError, MapsMismatchError) as e:
                 print(f"existing maps at {path} not usable ({e}); calibrating anew")
         missing.append(split)

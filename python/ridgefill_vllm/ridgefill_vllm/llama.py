@@ -189,8 +189,9 @@ class RidgeFillLlamaModel(LlamaModel):
                                     "exact": plan.exact.numel()}) + "\n")
         h = hidden + residual if residual is not None else hidden  # h_S, the input of layer S+1: [tokens, d]
         h_f, pos_f = h[plan.filled], positions[plan.filled]
-        if self.fill_maps.context:  # context maps read the previous token's h_S too (zeros at position 0)
-            h_f = torch.cat([h_f, h[(plan.filled - 1).clamp_min(0)] * (pos_f > 0)[:, None].to(h.dtype)], -1)
+        if self.fill_maps.context:  # context maps read the previous token's h_S too (zeros before a request's first)
+            prev = plan.filled_prev
+            h_f = torch.cat([h_f, h[prev.clamp_min(0)] * (prev >= 0)[:, None].to(h.dtype)], -1)
         x, pos_e, residual = h[plan.exact], positions[plan.exact], None
         slots = get_forward_context().slot_mapping
         saved = {name: slots.get(name) for name in self.late_names}

@@ -32,6 +32,9 @@ class FillPlan:
         exact_slots: ``[E]`` the exact tokens' KV-cache slots.
         num_tokens: tokens in the step, padding excluded.
         query_lens: ``[R]`` int64 CPU, scheduled tokens per request (1 for a decoding step).
+        filled_prev: ``[F]`` int64 (on the model's device), the index of the token before each filled
+            token in the same request, or ``-1`` for a request's first scheduled token: the previous split
+            state that context maps read (zeros there, as before row 0 in ``ridgefill.fill.context_features``).
     """
 
     filled: Tensor
@@ -40,6 +43,7 @@ class FillPlan:
     exact_slots: Tensor
     num_tokens: int
     query_lens: Tensor
+    filled_prev: Tensor | None = None
 
 
 def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int) -> FillPlan | None:
@@ -59,9 +63,10 @@ def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int) -> F
     req = torch.repeat_interleave(torch.arange(q_lens.numel()), q_lens)
     is_filled = (torch.arange(total) - qsl[:-1][req]) < n_filled[req]
     device = slot_mapping.device
-    filled = is_filled.nonzero().flatten().to(device)
-    exact = (~is_filled).nonzero().flatten().to(device)
-    return FillPlan(filled, exact, slot_mapping[filled], slot_mapping[exact], total, q_lens)
+    filled_cpu = is_filled.nonzero().flatten()
+    prev = torch.where(filled_cpu > qsl[:-1][req[filled_cpu]], filled_cpu - 1, -1)  # -1: a request's first token
+    filled, exact = filled_cpu.to(device), (~is_filled).nonzero().flatten().to(device)
+    return FillPlan(filled, exact, slot_mapping[filled], slot_mapping[exact], total, q_lens, prev.to(device))
 
 
 def subset_metadata(common, plan: FillPlan, tail: int):
