@@ -49,6 +49,7 @@ import torch
 from .adapters import adapter_for
 from .costs import ModelShape, exact_cost, fill_cost, ideal_ratio
 from .errors import InputError
+from .validate import check_context
 from .fill import prefill
 from .maps import RidgeMaps
 from .select import as_selection
@@ -151,8 +152,7 @@ def timing_maps(model: torch.nn.Module, split: int, *, seed: int = 0, scale: flo
     Raises:
         InputError: ``split`` outside ``0..L-2``, or ``context`` not 0 or 1.
     """
-    if type(context) is not int or context not in (0, 1):
-        raise InputError(f"context={context!r} must be the integer 0 or 1")
+    context = check_context(context)
     cfg = model.config
     L, d = cfg.num_hidden_layers, cfg.hidden_size
     if not 0 <= split <= L - 2:

@@ -25,7 +25,7 @@ from .errors import InputError
 from .checkpoint import chunks_digest, load_checkpoint, save_checkpoint
 from .overlap import fingerprint, sample_for
 from .maps import RidgeMaps, calibration_cov, model_hash, model_provenance, weight_fingerprint
-from .validate import check_int, check_real
+from .validate import check_context, check_int, check_real
 from .ridge import RidgeStats, fit_maps
 from .fill import context_features
 
@@ -186,7 +186,7 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
         raise InputError("no calibration chunks: the calibration text is empty")
     if targets not in TARGETS:
         raise InputError(f"map targets must be one of {TARGETS}; got {targets!r}")
-    context = check_int(context, "context", lo=0, hi=1, hint="0: the row's own h_S; 1: also the previous row's")
+    context = check_context(context)
     k = adapter.hidden_size if targets == "inputs" else 2 * adapter.num_kv_heads * adapter.head_dim
     stats = {s: tuple(RidgeStats(L - s - 1, adapter.hidden_size, outputs=k, targets=targets, context=context)
                       for _ in range(2)) for s in splits}
@@ -286,7 +286,7 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
         tokens = check_int(tokens, "tokens", lo=1, hint="or None for all of the text")
     chunk = check_int(chunk, "chunk", lo=2, hint="1024 is typical")
     heldout_every = check_int(heldout_every, "heldout_every", lo=1)
-    context = check_int(context, "context", lo=0, hi=1, hint="0: the row's own h_S; 1: also the previous row's")
+    context = check_context(context)
     if not isinstance(model_name, str):
         raise InputError(f"model_name must be a str; got {type(model_name).__name__}")
     if isinstance(lam, (list, tuple)):

@@ -42,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import InputError
+from .validate import check_context
 
 __all__ = ["ModelShape", "PrefillCost", "exact_cost", "fill_cost", "ideal_ratio"]
 
@@ -235,8 +236,7 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
         raise InputError(f"selected rows must be distinct positions among the filled rows 0..{filled - 1}")
     if not isinstance(rounds, int) or rounds < 0:
         raise InputError(f"rounds={rounds!r} must be an int ≥ 0")
-    if type(context) is not int or context not in (0, 1):
-        raise InputError(f"context={context!r} must be the integer 0 (maps read h_S) or 1 (context maps)")
+    context = check_context(context)
     if refit and context:
         raise InputError("refit refits maps that read h_S alone: it is not counted with context=1 (prefill refuses it)")
     row = shape.projection_flops + shape.mlp_flops

@@ -45,7 +45,7 @@ from .maps import RidgeMaps
 from .refit import PromptRefit, fit_count
 from .select import (AttentionScores, Select, Selection, as_selection, check_leverage_stats, choose_rows,
                      leverage_scores, ngram_scores, uses_leverage)
-from .validate import binds_prompt, check_choice, check_int, check_real, check_rows, prompt_digest
+from .validate import binds_prompt, check_choice, check_context, check_int, check_real, check_rows, prompt_digest
 
 Mode = Literal["ridge", "centred", "identity", "none", "exact"]
 #: ``kv_hook(layer, keys, values, filled_positions) -> (keys, values)``: see :func:`prefill`.
@@ -142,7 +142,7 @@ def context_features(h_split: Tensor, context: int) -> Tensor:
     Raises:
         InputError: ``context`` not 0 or 1.
     """
-    context = check_int(context, "context", lo=0, hi=1, hint="0: the row's own h_S; 1: also the previous row's")
+    context = check_context(context)
     if context == 0:
         return h_split
     prev = torch.nn.functional.pad(h_split.narrow(-2, 0, h_split.shape[-2] - 1), (0, 0, 1, 0))

@@ -139,3 +139,9 @@ def binds_prompt(fn: Callable) -> Callable:
         return result
 
     return wrapper
+
+
+def check_context(value: Any) -> int:
+    """The maps' ``context`` (:func:`ridgefill.fill.context_features`): ``0`` (the row's own ``h_S``) or ``1``
+    (also the previous row's). Raises :class:`InputError` for anything else (``bool``, ``1.0``, ``"1"``, ``2``)."""
+    return check_int(value, "context", lo=0, hi=1, hint="0: the row's own h_S; 1: also the previous row's")
