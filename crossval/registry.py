@@ -138,8 +138,9 @@ REGISTRY: tuple[Entry, ...] = (
           "λ > 0, m > 0: every minimiser (w, b) is (w★, ȳ − x̄·w★)"),
     Entry("KvaLean.fit_maps_existsUnique", "KvaLean/Solve.lean", ("ridgefill.ridge.fit_maps",), EXISTS + UNIQUE + GAP,
           "λ > 0, m > 0: the intercept ridge problem has exactly one minimiser"),
-    Entry("KvaLean.fit_maps_multi_optimal", "KvaLean/Solve.lean", _FIT, OPTIMAL + GAP,
-          "multi-output: (W★, ȳ − x̄W★) minimises ‖XW + 1b − Y‖²_F + λ‖W − W₀‖²_F"),
+    Entry("KvaLean.fit_maps_multi_optimal", "KvaLean/Solve.lean", _FIT, OPTIMAL + GAP + (_R + "test_context_penalty_gap_identity",),
+          "multi-output: (W★, ȳ − x̄W★) minimises ‖XW + 1b − Y‖²_F + λ‖W − W₀‖²_F; with a context penalty α the "
+          "features are [h(t), h(t−1)/√α] (fit_maps(context_penalty=α), mapped back to the raw features)"),
     Entry("KvaLean.fit_maps_multi_unique", "KvaLean/Solve.lean", _FIT, UNIQUE + GAP,
           "multi-output, λ > 0: (W★, ȳ − x̄W★) is the only minimiser over (W, b)"),
     *_entries("Solve", "extendLast_castSucc extendLast_last normSq_extendLast matVec_extendLast quad_extendLast "

@@ -191,3 +191,41 @@ def test_positive_lambda_solves_singular_gram(d, data):
     err = float((got - exact).norm())
     assert err <= FORWARD_C * d * EPS * kappa * (float(exact.norm()) + 1), (err, kappa)
     tally.example()
+
+
+@given(ridge_problems(max_rows=24, max_dim=4), st.floats(-2, 4), st.data())
+def test_context_penalty_gap_identity(p, log_alpha, data):
+    """Context maps with ``context_penalty = α`` (``ridgefill.ridge.fit_maps``): the fitted ``(W★, b★)`` on
+    the features ``F = [h(t), h(t−1)]`` satisfy the gap identity of ``J_α(W, b) = ‖F W + 1 bᵀ − X‖² +
+    λ‖W_h − I‖² + αλ‖W_p‖²``, ``J_α(W, b) = J_α(W★, b★) + ‖F ΔW + 1 Δbᵀ‖² + λ‖ΔW_h‖² + αλ‖ΔW_p‖²`` (so
+    they minimise it): the ridge of ``KvaLean.fit_maps_optimal`` on the scaled features ``[h(t),
+    h(t−1)/√α]``, mapped back to the raw features."""
+    from ridgefill import RidgeStats, fit_maps
+
+    alpha, d = 10.0 ** log_alpha, p.d
+    f = torch.cat([p.h, torch.cat([torch.zeros(1, d, dtype=F64), p.h[:-1]])], 1)
+    stats = RidgeStats(p.xs.shape[0], d, context=1)
+    for rows in torch.arange(p.n).chunk(p.parts):
+        stats.update(f[rows], p.xs[:, rows])
+    fitted = fit_maps(stats, p.lam, context_penalty=alpha)
+    prior = torch.cat([torch.eye(d, dtype=F64), torch.zeros(d, d, dtype=F64)])
+    pen = torch.cat([torch.ones(d, dtype=F64), torch.full((d,), alpha, dtype=F64)])[:, None]
+
+    def j(w, b, x):
+        return float((f @ w + b - x).square().sum() + p.lam * (pen * (w - prior).square()).sum())
+
+    def size(w, b, x):
+        return float((f.abs() @ w.abs() + b.abs() + x.abs()).square().sum()
+                     + p.lam * (pen * (w.abs() + prior).square()).sum())
+
+    for layer in range(p.xs.shape[0]):
+        x, ws, bs = p.xs[layer], fitted.weights[layer], fitted.biases[layer]
+        scale = 10.0 ** data.draw(st.floats(-8, 2), label="log10 perturbation") * (1 + float(ws.norm()))
+        g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 32 - 1)))
+        dw = torch.randn(2 * d, d, generator=g, dtype=F64) * scale
+        db = torch.randn(d, generator=g, dtype=F64) * scale * (1 + float(p.h.abs().max()))
+        w, b = ws + dw, bs + db
+        gap = float((f @ dw + db).square().sum() + p.lam * (pen * dw.square()).sum())
+        tol = GAP_C * EPS * (size(w, b, x) + size(ws, bs, x))
+        assert abs(j(w, b, x) - (j(ws, bs, x) + gap)) <= tol, (j(w, b, x), j(ws, bs, x), gap, tol)
+        tally.example()

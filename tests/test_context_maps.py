@@ -13,7 +13,7 @@ from conftest import oracle_context_maps, reference, tiny_llama
 from ridgefill import RidgeMaps, load_maps, prefill
 from ridgefill.adapters import adapter_for
 from ridgefill.calibrate import calibrate
-from ridgefill.certify import layer_certificate
+from ridgefill.certify import as_solved, certify_maps, check_certificate, layer_certificate, read_certificate
 from ridgefill.costs import ModelShape, fill_cost, ideal_ratio
 from ridgefill.errors import InputError, MapsFormatError, MapsMismatchError
 from ridgefill.fill import context_features
@@ -71,9 +71,20 @@ def test_oracle_context_maps_give_the_exact_cache(model, fast):
     assert (wrong.cache.layers[late].keys - ex.cache.layers[late].keys).abs().max() > 1e-2
 
 
-def test_calibrated_context_maps_match_a_float64_ridge(model, ctx_maps):
-    """W_l solves (G + λI) W = B + λ [I; 0] on the centred features [h_S(t), h_S(t−1)] of every chunk row
-    (held-out chunks included: the final refit), b_l = x̄ − f̄ W, computed here from raw activations."""
+@pytest.fixture(scope="module")
+def ctx_maps_alpha1(model):
+    return calibrate(model, CharTokenizer(), [TEXT], split=S, tokens=1024, chunk=128, progress=False, context=1,
+                     context_penalty=1)
+
+
+@pytest.mark.parametrize("which", ["default", "alpha1"])
+def test_calibrated_context_maps_match_a_float64_ridge(model, ctx_maps, ctx_maps_alpha1, which):
+    """W_l solves (G + λ diag(1, α)) W = B + λ [I; 0] on the centred features [h_S(t), h_S(t−1)] of every
+    chunk row (held-out chunks included: the final refit), b_l = x̄ − f̄ W, computed here from raw
+    activations: α = 4 (the default context penalty, the previous row's block penalised 4λ) and α = 1."""
+    ctx_maps = ctx_maps if which == "default" else ctx_maps_alpha1
+    alpha = 4.0 if which == "default" else 1.0
+    assert ctx_maps.context_penalty == alpha and ctx_maps.meta["context_penalty"] == alpha
     d, late = model.config.hidden_size, model.config.num_hidden_layers - S - 1
     assert ctx_maps.context == 1 and ctx_maps.meta["context"] == 1
     assert ctx_maps.weights.shape == (late, 2 * d, d) and ctx_maps.mean_h.shape == (d,)
@@ -91,7 +102,8 @@ def test_calibrated_context_maps_match_a_float64_ridge(model, ctx_maps):
     for i in range(late):
         lam = ctx_maps.lambdas[i]
         xc = x[i] - x[i].mean(0)
-        w = torch.linalg.solve(fc.T @ fc + lam * torch.eye(2 * d, dtype=torch.float64), fc.T @ xc + lam * prior)
+        pen = torch.cat([torch.ones(d), torch.full((d,), alpha)]).double()
+        w = torch.linalg.solve(fc.T @ fc + lam * torch.diag(pen), fc.T @ xc + lam * prior)
         b = x[i].mean(0) - f.mean(0) @ w
         torch.testing.assert_close(ctx_maps.weights[i].double(), w, atol=2e-4, rtol=2e-4)
         torch.testing.assert_close(ctx_maps.biases[i].double(), b, atol=2e-4, rtol=2e-4)
@@ -108,10 +120,20 @@ def test_context_maps_file_round_trip_and_certificate(tmp_path, model, ctx_maps)
     ids = torch.randint(0, 101, (1, 30), generator=torch.Generator().manual_seed(2))
     a, b = prefill(model, ids, ctx_maps, tail=3), prefill(model, ids, back, tail=3)
     assert torch.equal(a.logits, b.logits)
-    cert = layer_certificate(back.stats, 0, back.weights[0], back.lambdas[0])
+    solved, weights = as_solved(back.stats, back)  # the one-λ ridge on [h(t), h(t−1)/2] (α = 4)
+    assert torch.equal(weights[0, :model.config.hidden_size], back.weights[0, :model.config.hidden_size].double())
+    assert torch.equal(weights[0, model.config.hidden_size:], 2 * back.weights[0, model.config.hidden_size:].double())
+    cert = layer_certificate(solved, 0, weights[0], back.lambdas[0])
     assert cert["passed"], cert
-    bad = layer_certificate(back.stats, 0, back.weights[0] * 1.01, back.lambdas[0])
+    bad = layer_certificate(solved, 0, weights[0] * 1.01, back.lambdas[0])
     assert not bad["passed"]
+    # the raw statistics with the stored weights are not the problem these maps solve (α = 4, not 1)
+    assert not layer_certificate(back.stats, 0, back.weights[0], back.lambdas[0])["passed"]
+    paths = certify_maps(path, tmp_path / "certs")
+    assert len(paths) == len(back.lambdas)
+    for q in paths:
+        c = read_certificate(q)
+        assert c["context_penalty"] == 4.0 and check_certificate(c, back.stats, back).passed
     # a file whose context does not match its weights' width is refused, and so are such maps for a model
     import json
 
@@ -181,3 +203,60 @@ def test_kv_context_maps_with_held_out_chunks_round_trip(tmp_path, model):
     assert back.kind == "kv" and back.context == 1 and torch.equal(back.weights, kv.weights)
     ids = torch.randint(0, 101, (1, 30), generator=torch.Generator().manual_seed(8))
     assert torch.equal(prefill(model, ids, back, tail=3).logits, prefill(model, ids, kv, tail=3).logits)
+
+
+def test_context_penalty_weighs_the_previous_row_block():
+    """fit_maps(context_penalty=α) solves the normal equations of ‖F W − X‖² + λ‖W_h − I‖² + αλ‖W_p‖²
+    (float64, random statistics); α = 1 is the one-λ ridge; a large α leaves the previous row's block near 0
+    and the own block near the ridge on h_S alone; α ≤ 0, NaN, or α ≠ 1 without context are refused."""
+    from ridgefill.ridge import RidgeStats, fit_maps
+
+    g = torch.Generator().manual_seed(5)
+    d, n = 6, 400
+    h = torch.randn(n, d, generator=g, dtype=torch.float64)
+    f = torch.cat([h, torch.cat([torch.zeros(1, d, dtype=torch.float64), h[:-1]])], 1)
+    x = torch.stack([h @ torch.randn(d, d, generator=g, dtype=torch.float64) + 0.5 * f[:, d:] + 0.1 * torch.randn(n, d, generator=g, dtype=torch.float64)
+                     for _ in range(2)])
+    st = RidgeStats(2, d, context=1)
+    st.update(f, x)
+    plain = RidgeStats(2, d)
+    plain.update(h, x)
+    lam, prior = 30.0, torch.cat([torch.eye(d), torch.zeros(d, d)]).double()
+    fc = f - f.mean(0)
+    for alpha in (0.25, 1.0, 4.0, 100.0):
+        fit = fit_maps(st, lam, context_penalty=alpha)
+        assert fit.context_penalty == alpha and fit.stats is st
+        pen = torch.diag(torch.cat([torch.ones(d), torch.full((d,), alpha)]).double())
+        for i in range(2):
+            xc = x[i] - x[i].mean(0)
+            grad = fc.T @ (fc @ fit.weights[i] - xc) + lam * pen @ (fit.weights[i] - prior)
+            assert grad.abs().max() < 1e-8 * (fc.T @ xc).abs().max()
+            torch.testing.assert_close(fit.biases[i], x[i].mean(0) - f.mean(0) @ fit.weights[i])
+    one = fit_maps(st, lam)
+    torch.testing.assert_close(fit_maps(st, lam, context_penalty=1.0).weights, one.weights, rtol=0, atol=0)
+    big = fit_maps(st, lam, context_penalty=1e9).weights
+    assert big[:, d:].abs().max() < 1e-5 * one.weights[:, d:].abs().max()
+    torch.testing.assert_close(big[:, :d], fit_maps(plain, lam).weights, atol=1e-5, rtol=1e-5)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(InputError, match="context_penalty"):
+            fit_maps(st, lam, context_penalty=bad)
+    with pytest.raises(InputError, match="without context"):
+        fit_maps(plain, lam, context_penalty=4.0)
+
+
+def test_calibrate_records_the_context_penalty_and_refuses_it_without_context(model, tmp_path):
+    from ridgefill.calibrate import CONTEXT_PENALTY, resolve_context_penalty
+
+    assert resolve_context_penalty(1, None) == CONTEXT_PENALTY == 4.0 and resolve_context_penalty(0, None) == 1.0
+    assert resolve_context_penalty(1, 2) == 2.0 and resolve_context_penalty(0, 1) == 1.0
+    with pytest.raises(InputError, match="without context"):
+        calibrate(model, CharTokenizer(), [TEXT], split=S, tokens=256, chunk=128, progress=False, context=0,
+                  context_penalty=4)
+    with pytest.raises(InputError, match="context_penalty"):
+        resolve_context_penalty(1, 0)
+    plain = calibrate(model, CharTokenizer(), [TEXT], split=S, tokens=256, chunk=128, progress=False, lam=1.0)
+    assert "context_penalty" not in plain.meta and plain.context_penalty == 1.0
+    bad = RidgeMaps(S, plain.weights, plain.biases, plain.lambdas, dict(plain.meta, context_penalty=4.0))
+    with pytest.raises(InputError, match="without context"):
+        bad.save(tmp_path / "bad.safetensors")
+    assert not (tmp_path / "bad.safetensors").exists()

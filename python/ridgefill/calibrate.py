@@ -229,10 +229,34 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
     return stats
 
 
+#: The ridge penalty on the previous row's block of context maps, as a multiple of ``λ``
+#: (:func:`ridgefill.ridge.fit_maps`, ``context_penalty``): ``4`` halves that block's scale in the solve. On
+#: SmolLM2 at S = 15 with the default selection it keeps the key-token ΔNLL of ``1`` (+0.335) and answers
+#: the 8K single needles that ``1`` lost (docs/evaluate.md, "Sixteenth session").
+CONTEXT_PENALTY = 4.0
+
+
+def resolve_context_penalty(context: int, penalty: float | None) -> float:
+    """The context penalty to fit with: ``penalty`` checked, or the default for ``context``
+    (:data:`CONTEXT_PENALTY` for context maps, ``1`` without context).
+
+    Raises:
+        InputError: not a finite number ``> 0``, or a value other than ``1`` for maps without context.
+    """
+    if penalty is None:
+        return CONTEXT_PENALTY if context else 1.0
+    penalty = check_real(penalty, "context_penalty", lo=0.0, hint="a multiple of λ, e.g. 4")
+    if penalty <= 0 or (penalty != 1 and not context):
+        raise InputError(f"context_penalty={penalty!r}: it must be > 0, and it weighs the previous row's block of "
+                         "context maps (--context 1): leave it out for maps without context")
+    return penalty
+
+
 def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *, split: int,
               tokens: int | None, chunk: int = 1024, lam: float | str = "auto", heldout_every: int = 8,
               model_name: str = "", progress: bool = True, checkpoint: str | os.PathLike | None = None,
-              checkpoint_every: int = 16, targets: str = "inputs", context: int = 0) -> RidgeMaps:
+              checkpoint_every: int = 16, targets: str = "inputs", context: int = 0,
+              context_penalty: float | None = None) -> RidgeMaps:
     """Fit RidgeFill maps for ``model`` at ``split`` on ``texts`` (paper, "Approach").
 
     Args:
@@ -244,6 +268,9 @@ def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[
             (K/V maps: each late layer's pre-RoPE keys and values; see :func:`collect_stats_many`).
         context: ``0`` (the maps read the row's own ``h_S``) or ``1`` (context maps: also the previous
             row's, :func:`ridgefill.fill.context_features`; docs/evaluate.md, "Fifteenth session").
+        context_penalty: context maps only: the previous row's block is penalised this multiple of ``λ``
+            (:func:`ridgefill.ridge.fit_maps`); ``None``, :data:`CONTEXT_PENALTY` for context maps and
+            ``1`` (no other value allowed) without context.
         checkpoint, checkpoint_every: save the statistics every ``checkpoint_every`` chunks and resume
             from them after an interruption (:func:`collect_stats_many`); the caller deletes the
             checkpoint once the maps are saved (``ridgefill calibrate`` and ``ridgefill run`` do).
@@ -262,14 +289,15 @@ def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[
     return calibrate_many(model, tokenizer, texts, splits=(split,), tokens=tokens, chunk=chunk, lam=lam,
                           heldout_every=heldout_every, model_name=model_name, progress=progress,
                           checkpoint=checkpoint, checkpoint_every=checkpoint_every, targets=targets,
-                          context=context)[split]
+                          context=context, context_penalty=context_penalty)[split]
 
 
 def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *,
                    splits: Sequence[int], tokens: int | None, chunk: int = 1024, lam: float | str = "auto",
                    heldout_every: int = 8, model_name: str = "", progress: bool = True,
                    checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 16,
-                   targets: str = "inputs", context: int = 0) -> dict[int, RidgeMaps]:
+                   targets: str = "inputs", context: int = 0,
+                   context_penalty: float | None = None) -> dict[int, RidgeMaps]:
     """:func:`calibrate` at several splits from one pass over the text (:func:`collect_stats_many`).
 
     Returns:
@@ -287,6 +315,7 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
     chunk = check_int(chunk, "chunk", lo=2, hint="1024 is typical")
     heldout_every = check_int(heldout_every, "heldout_every", lo=1)
     context = check_context(context)
+    context_penalty = resolve_context_penalty(context, context_penalty)
     if not isinstance(model_name, str):
         raise InputError(f"model_name must be a str; got {type(model_name).__name__}")
     if isinstance(lam, (list, tuple)):
@@ -308,12 +337,12 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
     out = {}
     provenance = model_provenance(model)
     for split, (fit, held) in collected.items():
-        result = fit_maps(fit, lam, held if held.count else None)
+        result = fit_maps(fit, lam, held if held.count else None, context_penalty=context_penalty)
         meta = {"model_name": model_name, **provenance, "calibration_tokens": fit.count + held.count,
                 "heldout_tokens": held.count, "chunk": chunk, "text_sha256": text_hash(text_list),
                 "lambda_spec": str(lam), "heldout_rel_error": result.heldout_rel_error,
                 "heldout_rel_error_identity": result.heldout_rel_error_identity, "kind": targets, "context": context,
-                "calibration_texts": sources, "calibration_fingerprint": fp}
+                **({"context_penalty": context_penalty} if context else {}), "calibration_texts": sources, "calibration_fingerprint": fp}
         inputs = targets == "inputs"
         mean_h, mean_x = result.stats.means() if inputs else (None, None)
         out[split] = RidgeMaps(split, result.weights.float(), result.biases.float(), result.lambdas, meta,

@@ -71,6 +71,20 @@ def stats_digest(stats: RidgeStats) -> str:
     return h.hexdigest()
 
 
+def as_solved(stats: RidgeStats, maps: RidgeMaps) -> tuple[RidgeStats, Tensor]:
+    """The statistics and weights ``[layers, f, d]`` of the one-``λ`` ridge the maps solve: for context maps
+    fitted with ``context_penalty = α ≠ 1`` (:func:`ridgefill.ridge.fit_maps`) the features
+    ``[h_S(t), h_S(t−1)/√α]`` (:meth:`RidgeStats.with_context_scale`) and the stored weights with their
+    previous row's block times ``√α``; otherwise both as they are. For ``α = 4`` the scaling is by a power
+    of two, exact in float32."""
+    penalty = maps.context_penalty
+    if penalty == 1:
+        return stats, maps.weights
+    w = maps.weights.detach().to(F64).clone()
+    w[:, stats.hidden:] *= penalty ** 0.5
+    return stats.with_context_scale(penalty ** -0.5), w
+
+
 def layer_certificate(stats: RidgeStats, index: int, weight: Tensor, lam: float, *, layer: int | None = None,
                       max_excess_rel: float = MAX_EXCESS_REL, provenance: dict | None = None) -> dict:
     """The numeric certificate of one late layer's stored map.
@@ -216,7 +230,7 @@ def check_certificate(cert: dict | ExactInstance, stats: RidgeStats | None = Non
     Args:
         cert: a dict written by :func:`layer_certificate` (or read back from its JSON), or an
             :class:`ExactInstance`.
-        stats, maps: when both are given, the certificate is recomputed from them and must agree
+        stats, maps: when both are given, the certificate is recomputed from them (:func:`as_solved`) and must agree
             (same calibration hash and maps hash, same numbers to 1e-8 relative).
         max_excess_rel: a stricter (or other) criterion than the one recorded in the certificate.
 
@@ -248,7 +262,8 @@ def check_certificate(cert: dict | ExactInstance, stats: RidgeStats | None = Non
         if not isinstance(index, int) or not 0 <= index < len(maps.lambdas):
             fail.append(f"layer index {index!r} is not one of the maps' {len(maps.lambdas)} late layers")
         else:
-            fresh = layer_certificate(stats, index, maps.weights[index], maps.lambdas[index], layer=layer,
+            solved, weights = as_solved(stats, maps)
+            fresh = layer_certificate(solved, index, weights[index], maps.lambdas[index], layer=layer,
                                       max_excess_rel=cert["max_excess_rel"])
             if fresh["calibration_sha256"] != cert.get("calibration_sha256"):
                 fail.append("calibration hash differs: the certificate was made from other statistics")
@@ -291,11 +306,13 @@ def certify_maps(maps_path: str | Path, out_dir: str | Path | None = None, *, st
         name = maps_path.name.removesuffix(".safetensors")
         out_dir = maps_path.with_name(name + ".certs")
     prov = {"split": maps.split, "maps_sha256": digest, "model_name": maps.meta.get("model_name"),
-            "model_hash": maps.meta.get("model_hash"), "text_sha256": maps.meta.get("text_sha256")}
+            "model_hash": maps.meta.get("model_hash"), "text_sha256": maps.meta.get("text_sha256"),
+            **({"context_penalty": maps.context_penalty} if maps.context else {})}
     paths = []
+    solved, weights = as_solved(stats, maps)
     for i, lam in enumerate(maps.lambdas):
         layer = maps.split + 1 + i
-        cert = layer_certificate(stats, i, maps.weights[i], lam, layer=layer, max_excess_rel=max_excess_rel,
+        cert = layer_certificate(solved, i, weights[i], lam, layer=layer, max_excess_rel=max_excess_rel,
                                  provenance=prov)
         paths.append(write_json(Path(out_dir) / f"layer-{layer:03d}.json", cert))
     return paths

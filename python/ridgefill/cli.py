@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what the maps predict from h_S: each late layer's input (default) or its pre-RoPE "
                         "keys and values (K/V maps)")
     add_context(p, d.context)
+    p.add_argument("--context-penalty", type=float, default=None, metavar="ALPHA",
+                   help="context maps only: the ridge penalty on the previous row's block, as a multiple of λ "
+                        "(default 4, ridgefill.calibrate.CONTEXT_PENALTY; 1 penalises both blocks alike)")
     p.add_argument("--out", required=True, help="maps file to write (.safetensors); written atomically. The "
                    "statistics are checkpointed beside it (<name>.checkpoint.safetensors) every 16 chunks: "
                    "an interrupted run resumes from there when rerun with the same settings")
@@ -203,6 +206,9 @@ def _cmd_calibrate(a) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"--out {a.out!r}: its folder cannot be created ({e}); choose a writable path") from e
+    from .calibrate import resolve_context_penalty
+
+    resolve_context_penalty(a.context, a.context_penalty)  # a bad value is refused before the model loads
     model, tok, name = load_model(a.model)
     if a.text:
         from .calibrate import special_prefix
@@ -221,7 +227,8 @@ def _cmd_calibrate(a) -> None:
     if ckpt.exists():
         print(f"resuming the calibration from the checkpoint {ckpt}", file=sys.stderr)
     maps = calibrate(model, tok, texts, split=a.split, tokens=a.tokens or None, chunk=a.chunk, lam=a.lam,
-                     model_name=name, targets=a.targets, checkpoint=ckpt, context=a.context)
+                     model_name=name, targets=a.targets, checkpoint=ckpt, context=a.context,
+                     context_penalty=a.context_penalty)
     maps.save(a.out)
     ckpt.unlink(missing_ok=True)
     from .overlap import calibration_label

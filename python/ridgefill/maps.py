@@ -146,6 +146,13 @@ class RidgeMaps:
         return self.meta.get("context", 0)
 
     @property
+    def context_penalty(self) -> float:
+        """The ridge penalty the previous row's block of context maps was fitted with, as a multiple of
+        ``λ`` (metadata ``context_penalty``; ``1`` when absent: maps without context, or context maps
+        written before it was recorded; :func:`ridgefill.ridge.fit_maps`)."""
+        return float(self.meta.get("context_penalty", 1.0))
+
+    @property
     def first_layer(self) -> int:
         return self.split + 1
 
@@ -247,6 +254,9 @@ class RidgeMaps:
             raise InputError(f"these maps' weights {tuple(w.shape)} do not fit their kind {self.kind!r} and context "
                              f"{self.context!r} (context maps read [h_S(t), h_S(t-1)]: weights [layers, 2d, k]; set "
                              "meta['context'] to what the weights read)")
+        if self.context_penalty != 1 and not self.context:
+            raise InputError(f"these maps record context_penalty={self.context_penalty} without context: the "
+                             "penalty weighs the previous row's block of context maps; drop it from meta")
         meta = dict(self.meta, format_version=FORMAT_VERSION, split=self.split, lambdas=self.lambdas)
         tensors = {"weights": self.weights.detach().to(torch.float32).contiguous().cpu(),
                    "biases": self.biases.detach().to(torch.float32).contiguous().cpu()}
@@ -411,6 +421,7 @@ _MAPS_SCHEMA: dict[str, Callable[[object], bool]] = {
     # K/V maps have no identity fill to compare with: None per layer
     "heldout_rel_error_identity": lambda v: v is None or (isinstance(v, list) and all(x is None or _finite_real(x) for x in v)),
     "context": lambda v: is_int(v) and v in (0, 1),
+    "context_penalty": lambda v: _finite_real(v) and v > 0,
 }
 #: The same for a statistics file.
 _STATS_SCHEMA: dict[str, Callable[[object], bool]] = {

@@ -169,6 +169,22 @@ class RidgeStats:
         self.cross += torch.einsum("rd,lre->lde", h, xs)
         self.sq_x += xs.square().sum((1, 2))
 
+    def with_context_scale(self, scale: float) -> "RidgeStats":
+        """These statistics for the feature rows ``[h_S(t), scale · h_S(t−1)]`` (context statistics only):
+        the previous row's block of every sum scaled by ``scale``, exactly (no pass over the text). A
+        ridge on these features with one ``λ`` is the ridge on the raw features with the previous row's
+        block penalised ``λ / scale²`` (:func:`fit_maps`, ``context_penalty``)."""
+        if not self.context:
+            raise InputError("with_context_scale needs context statistics (context = 1)")
+        d, out = self.hidden, RidgeStats(self.layers, self.hidden, self.count, None, self.shift_x, self.outputs,
+                                         self.targets, self.context)
+        g = torch.ones(self.features, dtype=F64)
+        g[d:] = scale
+        out.shift_h = None if self.shift_h is None else self.shift_h * g
+        out.sum_h, out.gram = self.sum_h * g, self.gram * g[:, None] * g[None, :]
+        out.sum_x, out.cross, out.sq_x = self.sum_x, self.cross * g[None, :, None], self.sq_x
+        return out
+
     def merged(self, other: "RidgeStats") -> "RidgeStats":
         """Statistics of both row sets (re-expressed about this object's shift)."""
         if other.count == 0:
@@ -265,7 +281,9 @@ class FittedMaps:
     """Result of :func:`fit_maps`: ``weights`` ``[layers, d, k]`` and ``biases`` ``[layers, k]`` (float64;
     ``k = d`` for layer-input maps, ``2·kv_dim`` for K/V maps),
     ``lambdas`` (one per late layer), diagnostics (held-out relative errors, or ``None``) and ``stats``,
-    the statistics the final maps were solved on (for certificates, :mod:`ridgefill.certify`)."""
+    the statistics the final maps were solved on (for certificates, :mod:`ridgefill.certify`; on the raw
+    features ``[h_S(t), h_S(t−1)]`` even when ``context_penalty ≠ 1``: the solve read them scaled by
+    :meth:`RidgeStats.with_context_scale` ``(context_penalty ** -0.5)``) and ``context_penalty``."""
 
     weights: Tensor
     biases: Tensor
@@ -273,10 +291,11 @@ class FittedMaps:
     heldout_rel_error: list[float] | None
     heldout_rel_error_identity: list[float] | None
     stats: RidgeStats | None = None
+    context_penalty: float = 1.0
 
 
 def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
-             heldout: RidgeStats | None = None) -> FittedMaps:
+             heldout: RidgeStats | None = None, context_penalty: float = 1.0) -> FittedMaps:
     """Fit every late layer's map from calibration statistics.
 
     Args:
@@ -285,6 +304,14 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
             ``λ`` of :func:`lambda_grid` with the lowest held-out error (:func:`heldout_errors`); the final
             map is then refitted on ``stats`` and ``heldout`` together with that ``λ``.
         heldout: statistics of held-out rows; required for ``"auto"``, used for diagnostics otherwise.
+        context_penalty: context maps only: the previous row's block of ``W_l`` is penalised
+            ``context_penalty · λ`` (the row's own block ``λ``), i.e. the objective is
+            ``‖F W − X‖² + λ‖W_h − I‖² + α λ‖W_p‖²`` with ``α = context_penalty``. It is solved as the
+            one-``λ`` ridge on the features ``[h_S(t), h_S(t−1)/√α]`` (:meth:`RidgeStats.with_context_scale`,
+            the same Lean theorems), whose previous-row block of ``W`` is then divided by ``√α`` back to
+            the raw features; ``"auto"`` chooses ``λ`` on those scaled features. ``1`` is the plain ridge
+            on ``[h_S(t), h_S(t−1)]``; larger values lean the maps toward reading ``h_S(t)`` alone
+            (docs/evaluate.md, "Sixteenth session").
 
     Returns:
         :class:`FittedMaps`; ``W_l`` solves ``(G + λI) W = B_l + λW₀`` on centred statistics and
@@ -295,8 +322,9 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
 
     Raises:
         InputError: no statistics, a bad ``λ`` spec (``bool``, a string other than ``"auto"``, NaN,
-            Inf, a negative number or a list of the wrong length), or ``"auto"`` without held-out
-            statistics.
+            Inf, a negative number or a list of the wrong length), ``"auto"`` without held-out
+            statistics, or a ``context_penalty`` that is not a finite number ``> 0`` (or not ``1`` for
+            statistics without context).
         NonFiniteError, SingularGramError: see :func:`solve_ridge`.
     """
     if not isinstance(stats, RidgeStats) or (heldout is not None and not isinstance(heldout, RidgeStats)):
@@ -310,6 +338,15 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
     for which, st in (("stats", stats), ("heldout", heldout)):
         for k in ("sum_h", "gram", "sum_x", "cross", "sq_x") if st is not None else ():
             check_finite(getattr(st, k), f"calibration statistics {which}.{k}", NonFiniteError)
+    penalty = check_real(context_penalty, "context_penalty", lo=0.0, hint="a multiple of λ, e.g. 4")
+    if penalty <= 0 or (penalty != 1 and not stats.context):
+        raise InputError(f"context_penalty={context_penalty!r}: it must be > 0, and it weighs the previous row's "
+                         "block of context maps: leave it at 1 for maps without context")
+    raw, heldout_raw = stats, heldout
+    if penalty != 1:  # the one-λ ridge on [h(t), h(t−1)/√α]
+        scale = penalty ** -0.5
+        stats = stats.with_context_scale(scale)
+        heldout = heldout.with_context_scale(scale) if heldout is not None and heldout.count else heldout
     n = stats.layers
     spec = f"λ must be a finite number ≥ 0, a list of {n} such numbers, or 'auto'; got {lam!r}"
     if isinstance(lam, (list, tuple)):
@@ -346,8 +383,12 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
         biases.append(mx[layer] - mh @ w)
     rel = rel_id = None
     if heldout is not None and heldout.count:
-        rel, rel_id = _heldout_report(stats, heldout, lams)
-    return FittedMaps(torch.stack(weights), torch.stack(biases), lams, rel, rel_id, final)
+        rel, rel_id = _heldout_report(stats, heldout, lams)  # predictions, hence errors, do not depend on the scale
+    weights = torch.stack(weights)
+    if penalty != 1:  # back to the raw features: b = x̄ − h̄' W' = x̄ − h̄ W already
+        weights[:, stats.hidden:] *= scale
+        final = raw.merged(heldout_raw) if lam == "auto" else raw
+    return FittedMaps(weights, torch.stack(biases), lams, rel, rel_id, final, penalty)
 
 
 def _heldout_report(stats: RidgeStats, heldout: RidgeStats, lams: list[float]):

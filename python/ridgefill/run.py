@@ -189,7 +189,7 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
         InputError: a named maps file that does not fit.
     """
     from .assets import calibration_texts
-    from .calibrate import calibrate
+    from .calibrate import calibrate, resolve_context_penalty
     from .checkpoint import checkpoint_path
 
     path = Path(cfg.maps) if cfg.maps else Path(cfg.out) / f"maps-S{cfg.split}.safetensors"
@@ -202,14 +202,15 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
                                       "statistics file to take them from")
             same = (maps.meta.get("calibration_tokens", 0) >= cfg.calib_tokens * (1 - 1 / 8)
                     and maps.meta.get("lambda_spec") == str(cfg.lam) and maps.meta.get("chunk") == cfg.chunk
-                    and (maps.context == cfg.context or bool(cfg.maps)))  # a named file keeps its context
+                    and ((maps.context, maps.context_penalty) == (cfg.context, resolve_context_penalty(cfg.context, None))
+                         or bool(cfg.maps)))  # a named file keeps its context and penalty
             other_text = (calibration_mismatch(maps.meta, cfg.calibration_set())
                           if not cfg.maps or cfg.calib_set else None)
             if same and other_text is None:
                 return maps, path, False
             why = other_text or (f"they were fitted with {maps.meta.get('calibration_tokens')} calibration "
                                  f"tokens, λ {maps.meta.get('lambda_spec')}, chunk {maps.meta.get('chunk')}, "
-                                 f"context {maps.context}")
+                                 f"context {maps.context}, context penalty {maps.context_penalty:g}")
         except (MapsFormatError, MapsMismatchError) as e:
             why = str(e)
         if cfg.maps:  # a file the user named is never replaced

@@ -71,7 +71,7 @@ def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: 
         InputError: an unknown ``calib_set``.
     """
     from ..assets import DEFAULT_CALIBRATION_SET, calibration_texts
-    from ..calibrate import calibrate_many
+    from ..calibrate import calibrate_many, resolve_context_penalty
     from ..run import calibration_mismatch
 
     calib_set = calib_set or DEFAULT_CALIBRATION_SET
@@ -79,6 +79,7 @@ def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: 
 
     result: dict[int, RidgeMaps] = {}
     missing = []
+    wanted = (context, resolve_context_penalty(context, None))  # what default-path maps must have been fitted with
     for split in sorted(set(splits)):
         path = maps_path(out, split)
         if path.exists():
@@ -88,12 +89,13 @@ def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: 
                 other_text = calibration_mismatch(maps.meta, calib_set)
                 if (maps.meta.get("calibration_tokens", 0) >= calib_tokens * (1 - 1 / 8)
                         and maps.meta.get("lambda_spec") == str(lam) and maps.meta.get("chunk") == chunk
-                        and maps.context == context and other_text is None):
+                        and (maps.context, maps.context_penalty) == wanted and other_text is None):
                     attach_stats(maps, path)  # the statistics (re-solves with another λ) and the means
                     result[split] = maps
                     continue
-                if other_text is not None or maps.context != context:
-                    why = other_text or f"they read context {maps.context}, this run asks for --context {context}"
+                if other_text is not None or (maps.context, maps.context_penalty) != wanted:
+                    why = other_text or (f"they read context {maps.context} (penalty {maps.context_penalty:g}), this "
+                                         f"run asks for context {wanted[0]} (penalty {wanted[1]:g})")
                     print(f"existing maps at {path} not usable ({why}); calibrating anew")
             except (MapsFormatError, MapsMismatchError) as e:
                 print(f"existing maps at {path} not usable ({e}); calibrating anew")
