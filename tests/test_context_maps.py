@@ -72,18 +72,18 @@ def test_oracle_context_maps_give_the_exact_cache(model, fast):
 
 
 @pytest.fixture(scope="module")
-def ctx_maps_alpha1(model):
+def ctx_maps_alpha4(model):
     return calibrate(model, CharTokenizer(), [TEXT], split=S, tokens=1024, chunk=128, progress=False, context=1,
-                     context_penalty=1)
+                     context_penalty=4)
 
 
-@pytest.mark.parametrize("which", ["default", "alpha1"])
-def test_calibrated_context_maps_match_a_float64_ridge(model, ctx_maps, ctx_maps_alpha1, which):
+@pytest.mark.parametrize("which", ["default", "alpha4"])
+def test_calibrated_context_maps_match_a_float64_ridge(model, ctx_maps, ctx_maps_alpha4, which):
     """W_l solves (G + λ diag(1, α)) W = B + λ [I; 0] on the centred features [h_S(t), h_S(t−1)] of every
     chunk row (held-out chunks included: the final refit), b_l = x̄ − f̄ W, computed here from raw
-    activations: α = 4 (the default context penalty, the previous row's block penalised 4λ) and α = 1."""
-    ctx_maps = ctx_maps if which == "default" else ctx_maps_alpha1
-    alpha = 4.0 if which == "default" else 1.0
+    activations: α = 1 (the default context penalty, one λ) and α = 4 (the previous row's block penalised 4λ)."""
+    ctx_maps = ctx_maps if which == "default" else ctx_maps_alpha4
+    alpha = 1.0 if which == "default" else 4.0
     assert ctx_maps.context_penalty == alpha and ctx_maps.meta["context_penalty"] == alpha
     d, late = model.config.hidden_size, model.config.num_hidden_layers - S - 1
     assert ctx_maps.context == 1 and ctx_maps.meta["context"] == 1
@@ -110,7 +110,14 @@ def test_calibrated_context_maps_match_a_float64_ridge(model, ctx_maps, ctx_maps
     torch.testing.assert_close(ctx_maps.mean_h.double(), f[:, :d].mean(0), atol=1e-5, rtol=1e-5)
 
 
-def test_context_maps_file_round_trip_and_certificate(tmp_path, model, ctx_maps):
+def test_context_maps_file_round_trip_and_certificate(tmp_path, model, ctx_maps, ctx_maps_alpha4):
+    path = tmp_path / "ctx1.safetensors"  # α = 1: the raw statistics are the problem solved
+    ctx_maps.save(path)
+    back = attach_stats(load_maps(path), path)
+    solved, weights = as_solved(back.stats, back)
+    assert solved is back.stats and weights is back.weights and back.context_penalty == 1.0
+    assert layer_certificate(back.stats, 0, back.weights[0], back.lambdas[0])["passed"]
+    ctx_maps = ctx_maps_alpha4
     path = tmp_path / "ctx.safetensors"
     ctx_maps.save(path)
     back = attach_stats(load_maps(path), path)
@@ -247,7 +254,7 @@ def test_context_penalty_weighs_the_previous_row_block():
 def test_calibrate_records_the_context_penalty_and_refuses_it_without_context(model, tmp_path):
     from ridgefill.calibrate import CONTEXT_PENALTY, resolve_context_penalty
 
-    assert resolve_context_penalty(1, None) == CONTEXT_PENALTY == 4.0 and resolve_context_penalty(0, None) == 1.0
+    assert resolve_context_penalty(1, None) == CONTEXT_PENALTY == 1.0 and resolve_context_penalty(0, None) == 1.0
     assert resolve_context_penalty(1, 2) == 2.0 and resolve_context_penalty(0, 1) == 1.0
     with pytest.raises(InputError, match="without context"):
         calibrate(model, CharTokenizer(), [TEXT], split=S, tokens=256, chunk=128, progress=False, context=0,

@@ -148,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_context(p, d.context)
     p.add_argument("--context-penalty", type=float, default=None, metavar="ALPHA",
                    help="context maps only: the ridge penalty on the previous row's block, as a multiple of λ "
-                        "(default 4, ridgefill.calibrate.CONTEXT_PENALTY; 1 penalises both blocks alike)")
+                        "(default 1: one λ for both blocks; ridgefill.calibrate.CONTEXT_PENALTY; docs/evaluate.md, "
+                        "'Sixteenth session')")
     p.add_argument("--out", required=True, help="maps file to write (.safetensors); written atomically. The "
                    "statistics are checkpointed beside it (<name>.checkpoint.safetensors) every 16 chunks: "
                    "an interrupted run resumes from there when rerun with the same settings")
