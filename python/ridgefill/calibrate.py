@@ -26,7 +26,7 @@ from .checkpoint import chunks_digest, load_checkpoint, save_checkpoint
 from .overlap import fingerprint, sample_for
 from .maps import RidgeMaps, calibration_cov, model_hash, model_provenance, weight_fingerprint
 from .validate import check_context, check_int, check_real
-from .ridge import RidgeStats, fit_maps
+from .ridge import RidgeStats, check_context_penalty, fit_maps
 from .fill import context_features
 
 
@@ -242,15 +242,12 @@ def resolve_context_penalty(context: int, penalty: float | None) -> float:
     (:data:`CONTEXT_PENALTY` for context maps, ``1`` without context).
 
     Raises:
-        InputError: not a finite number ``> 0``, or a value other than ``1`` for maps without context.
+        InputError: not a number in :data:`ridgefill.ridge.CONTEXT_PENALTY_RANGE`, or a value other than ``1``
+            for maps without context.
     """
     if penalty is None:
         return CONTEXT_PENALTY if context else 1.0
-    penalty = check_real(penalty, "context_penalty", lo=0.0, hint="a multiple of λ, e.g. 4")
-    if penalty <= 0 or (penalty != 1 and not context):
-        raise InputError(f"context_penalty={penalty!r}: it must be > 0, and it weighs the previous row's block of "
-                         "context maps (--context 1): leave it out for maps without context")
-    return penalty
+    return check_context_penalty(penalty, context)
 
 
 def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *, split: int,

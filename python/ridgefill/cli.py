@@ -200,6 +200,9 @@ def _cmd_calibrate(a) -> None:
 
     if a.text and a.calib_set:
         raise InputError(f"give --text or --calib-set, not both (--calib-set {a.calib_set} names shipped text)")
+    from .calibrate import resolve_context_penalty
+
+    resolve_context_penalty(a.context, a.context_penalty)  # a bad value is refused before anything is done
     out = Path(a.out)  # checked before the calibration, which can take hours
     if out.is_dir():
         raise InputError(f"--out {a.out!r} is a folder: give the maps file's path, e.g. {str(out / 'maps.safetensors')!r}")
@@ -207,9 +210,6 @@ def _cmd_calibrate(a) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"--out {a.out!r}: its folder cannot be created ({e}); choose a writable path") from e
-    from .calibrate import resolve_context_penalty
-
-    resolve_context_penalty(a.context, a.context_penalty)  # a bad value is refused before the model loads
     model, tok, name = load_model(a.model)
     if a.text:
         from .calibrate import special_prefix

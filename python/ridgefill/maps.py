@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .errors import InputError, MapsFormatError, MapsMismatchError
 from .fileio import atomic_write, atomic_write_all, file_lock
-from .ridge import RidgeStats
+from .ridge import CONTEXT_PENALTY_RANGE, RidgeStats, check_context_penalty
 from .validate import finite_float, is_int, is_real
 
 FORMAT_VERSION = 1
@@ -254,9 +254,8 @@ class RidgeMaps:
             raise InputError(f"these maps' weights {tuple(w.shape)} do not fit their kind {self.kind!r} and context "
                              f"{self.context!r} (context maps read [h_S(t), h_S(t-1)]: weights [layers, 2d, k]; set "
                              "meta['context'] to what the weights read)")
-        if self.context_penalty != 1 and not self.context:
-            raise InputError(f"these maps record context_penalty={self.context_penalty} without context: the "
-                             "penalty weighs the previous row's block of context maps; drop it from meta")
+        if "context_penalty" in self.meta:  # what load_maps would refuse is not written
+            check_context_penalty(self.meta["context_penalty"], self.context)
         meta = dict(self.meta, format_version=FORMAT_VERSION, split=self.split, lambdas=self.lambdas)
         tensors = {"weights": self.weights.detach().to(torch.float32).contiguous().cpu(),
                    "biases": self.biases.detach().to(torch.float32).contiguous().cpu()}
@@ -421,7 +420,7 @@ _MAPS_SCHEMA: dict[str, Callable[[object], bool]] = {
     # K/V maps have no identity fill to compare with: None per layer
     "heldout_rel_error_identity": lambda v: v is None or (isinstance(v, list) and all(x is None or _finite_real(x) for x in v)),
     "context": lambda v: is_int(v) and v in (0, 1),
-    "context_penalty": lambda v: _finite_real(v) and v > 0,
+    "context_penalty": lambda v: _finite_real(v) and CONTEXT_PENALTY_RANGE[0] <= v <= CONTEXT_PENALTY_RANGE[1],
 }
 #: The same for a statistics file.
 _STATS_SCHEMA: dict[str, Callable[[object], bool]] = {
@@ -533,6 +532,9 @@ def load_maps(path: str | os.PathLike) -> RidgeMaps:
     if kind not in ("inputs", "kv"):
         raise MapsFormatError(f"maps file {str(path)!r} has kind {kind!r}; expected 'inputs' or 'kv'; {redo}")
     context = meta.get("context", 0)
+    if meta.get("context_penalty", 1) != 1 and not context:
+        raise MapsFormatError(f"maps file {str(path)!r} records context_penalty {meta['context_penalty']!r} without "
+                              f"context: the penalty weighs the previous row's block of context maps; {redo}")
     if (w.ndim != 3 or (kind == "inputs" and w.shape[1] != w.shape[2] * (1 + context))
             or w.shape[1] % (1 + context) or b.shape != (w.shape[0], w.shape[2]) or len(lambdas) != w.shape[0]):
         raise MapsFormatError(f"maps file {str(path)!r} has inconsistent shapes: weights {tuple(w.shape)}, "

@@ -176,13 +176,13 @@ class RidgeStats:
         block penalised ``λ / scale²`` (:func:`fit_maps`, ``context_penalty``)."""
         if not self.context:
             raise InputError("with_context_scale needs context statistics (context = 1)")
-        d, out = self.hidden, RidgeStats(self.layers, self.hidden, self.count, None, self.shift_x, self.outputs,
-                                         self.targets, self.context)
+        d, out = self.hidden, RidgeStats(self.layers, self.hidden, self.count, None, self.shift_x.clone(),
+                                         self.outputs, self.targets, self.context)
         g = torch.ones(self.features, dtype=F64)
         g[d:] = scale
         out.shift_h = None if self.shift_h is None else self.shift_h * g
         out.sum_h, out.gram = self.sum_h * g, self.gram * g[:, None] * g[None, :]
-        out.sum_x, out.cross, out.sq_x = self.sum_x, self.cross * g[None, :, None], self.sq_x
+        out.sum_x, out.cross, out.sq_x = self.sum_x.clone(), self.cross * g[None, :, None], self.sq_x.clone()
         return out
 
     def merged(self, other: "RidgeStats") -> "RidgeStats":
@@ -229,6 +229,27 @@ class RidgeStats:
         """Centred ``G``, ``B_l`` and ``Σ‖x_l − x̄_l‖²`` (the statistics the ridge solve uses)."""
         mh, mx = self.means()
         return self.moments(layer, mh, mx[layer])
+
+
+#: The context penalties :func:`fit_maps` accepts: a wider range makes the scaled Gram singular or overflow.
+CONTEXT_PENALTY_RANGE = (1e-6, 1e6)
+
+
+def check_context_penalty(penalty, context: int) -> float:
+    """``penalty`` as a float, checked: a finite number in :data:`CONTEXT_PENALTY_RANGE`, and ``1`` for
+    maps without context.
+
+    Raises:
+        InputError: naming the value and what to give instead.
+    """
+    lo, hi = CONTEXT_PENALTY_RANGE
+    if not is_real(penalty) or not lo <= float(penalty) <= hi:
+        raise InputError(f"context penalty {penalty!r}: give a number from {lo:g} to {hi:g} (a multiple of λ on "
+                         "the previous row's block of context maps; 1 penalises both blocks alike)")
+    if float(penalty) != 1 and not context:
+        raise InputError(f"context penalty {penalty!r}: it weighs the previous row's block of context maps; maps "
+                         "without context (--context 0) take none: leave it out")
+    return float(penalty)
 
 
 def lambda_grid(gram: Tensor, points: int = 25) -> Tensor:
@@ -338,10 +359,7 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
     for which, st in (("stats", stats), ("heldout", heldout)):
         for k in ("sum_h", "gram", "sum_x", "cross", "sq_x") if st is not None else ():
             check_finite(getattr(st, k), f"calibration statistics {which}.{k}", NonFiniteError)
-    penalty = check_real(context_penalty, "context_penalty", lo=0.0, hint="a multiple of λ, e.g. 4")
-    if penalty <= 0 or (penalty != 1 and not stats.context):
-        raise InputError(f"context_penalty={context_penalty!r}: it must be > 0, and it weighs the previous row's "
-                         "block of context maps: leave it at 1 for maps without context")
+    penalty = check_context_penalty(context_penalty, stats.context)
     raw, heldout_raw = stats, heldout
     if penalty != 1:  # the one-λ ridge on [h(t), h(t−1)/√α]
         scale = penalty ** -0.5
@@ -365,7 +383,8 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
             grid = lambda_grid(gram)
             errs = heldout_errors(stats, heldout, layer, grid)
             lams.append(float(grid[int(torch.argmin(errs))]))
-        final = stats.merged(heldout)
+        # merged before scaling, as ridgefill.certify.as_solved rebuilds it from the saved raw statistics
+        final = raw.merged(heldout_raw).with_context_scale(scale) if penalty != 1 else stats.merged(heldout)
     elif isinstance(lam, (list, tuple)):
         lams, final = [float(v) for v in lam], stats
     else:

@@ -355,7 +355,7 @@ def refit_lambda(maps, factor: float):
                          "with `ridgefill calibrate` to re-solve with another λ")
     if not factor > 0:
         raise InputError(f"λ factor must be > 0; got {factor}")
-    res = fit_maps(maps.stats, [v * factor for v in maps.lambdas])
+    res = fit_maps(maps.stats, [v * factor for v in maps.lambdas], context_penalty=maps.context_penalty)
     meta = dict(maps.meta, lambda_spec=f"{maps.meta.get('lambda_spec')}x{factor:g}")
     return RidgeMaps(maps.split, res.weights.float(), res.biases.float(), res.lambdas, meta)
 
