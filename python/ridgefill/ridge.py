@@ -171,7 +171,8 @@ class RidgeStats:
 
     def with_context_scale(self, scale: float) -> "RidgeStats":
         """These statistics for the feature rows ``[h_S(t), scale · h_S(t−1)]`` (context statistics only):
-        the previous row's block of every sum scaled by ``scale``, exactly (no pass over the text). A
+        the previous row's block of every sum scaled by ``scale`` (no pass over the text; bit-exact when
+        ``scale`` is a power of two). A
         ridge on these features with one ``λ`` is the ridge on the raw features with the previous row's
         block penalised ``λ / scale²`` (:func:`fit_maps`, ``context_penalty``)."""
         if not self.context:
@@ -344,7 +345,7 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
     Raises:
         InputError: no statistics, a bad ``λ`` spec (``bool``, a string other than ``"auto"``, NaN,
             Inf, a negative number or a list of the wrong length), ``"auto"`` without held-out
-            statistics, or a ``context_penalty`` that is not a finite number ``> 0`` (or not ``1`` for
+            statistics, or a ``context_penalty`` outside :data:`CONTEXT_PENALTY_RANGE` (or not ``1`` for
             statistics without context).
         NonFiniteError, SingularGramError: see :func:`solve_ridge`.
     """
@@ -383,12 +384,13 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
             grid = lambda_grid(gram)
             errs = heldout_errors(stats, heldout, layer, grid)
             lams.append(float(grid[int(torch.argmin(errs))]))
-        # merged before scaling, as ridgefill.certify.as_solved rebuilds it from the saved raw statistics
-        final = raw.merged(heldout_raw).with_context_scale(scale) if penalty != 1 else stats.merged(heldout)
+        final_raw = raw.merged(heldout_raw)
     elif isinstance(lam, (list, tuple)):
-        lams, final = [float(v) for v in lam], stats
+        lams, final_raw = [float(v) for v in lam], raw
     else:
-        lams, final = [float(lam)] * n, stats
+        lams, final_raw = [float(lam)] * n, raw
+    # merged before scaling, as ridgefill.certify.as_solved rebuilds it from the saved raw statistics
+    final = final_raw.with_context_scale(scale) if penalty != 1 else final_raw
 
     mh, mx = final.means()
     prior = default_prior(final)
@@ -406,8 +408,7 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
     weights = torch.stack(weights)
     if penalty != 1:  # back to the raw features: b = x̄ − h̄' W' = x̄ − h̄ W already
         weights[:, stats.hidden:] *= scale
-        final = raw.merged(heldout_raw) if lam == "auto" else raw
-    return FittedMaps(weights, torch.stack(biases), lams, rel, rel_id, final, penalty)
+    return FittedMaps(weights, torch.stack(biases), lams, rel, rel_id, final_raw, penalty)
 
 
 def _heldout_report(stats: RidgeStats, heldout: RidgeStats, lams: list[float]):
