@@ -122,3 +122,35 @@ def test_errors():
     from ridgefill import NonFiniteError
     with pytest.raises(NonFiniteError):
         RidgeStats(3, 6).update(bad, torch.zeros(3, 5, 6))
+
+
+def test_solve_and_certificates_do_not_depend_on_the_thread_count():
+    """A multi-threaded BLAS sums in an order that depends on the thread count, which moves a float64
+    solve by about κ·eps and flips the float32 rounding of entries near a midpoint. ``solve_ridge`` and
+    the certificates run on one thread (``ridge.one_thread``): maps fitted with 2 threads are the bits
+    fitted with 1, their certificates pass and agree whichever thread count checks them, and the
+    caller's thread count is restored."""
+    from ridgefill.certify import layer_certificate
+
+    g = torch.Generator().manual_seed(3)
+    n, d = 3000, 576
+    h = torch.randn(n, d, generator=g, dtype=F64) @ (torch.randn(d, d, generator=g, dtype=F64) / d ** 0.5)
+    xs = torch.stack([h + 0.3 * torch.randn(n, d, generator=g, dtype=F64) for _ in range(2)])
+    stats = stats_of(h, xs)
+    before = torch.get_num_threads()
+    fits, certs = {}, {}
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            fits[threads] = fit_maps(stats, 1e-3)
+            assert torch.get_num_threads() == threads
+        for threads in (1, 2):  # the 2-thread maps certified by a 1-thread and a 2-thread process
+            torch.set_num_threads(threads)
+            certs[threads] = [layer_certificate(stats, i, fits[2].weights[i].float(), 1e-3) for i in range(2)]
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(fits[2].weights, fits[1].weights)
+    for a, b in zip(certs[1], certs[2]):
+        assert a["passed"] and a["storage_is_rounding"], a
+        assert a == b

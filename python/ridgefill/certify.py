@@ -42,7 +42,7 @@ from torch import Tensor
 from .errors import InputError, RidgeFillError
 from .fileio import atomic_write, write_json
 from .maps import RidgeMaps, load_maps, load_stats, maps_digest, stats_path
-from .ridge import RidgeStats
+from .ridge import RidgeStats, context_block_scaled, one_thread
 
 F64 = torch.float64
 EPS = float(torch.finfo(F64).eps)
@@ -80,11 +80,11 @@ def as_solved(stats: RidgeStats, maps: RidgeMaps) -> tuple[RidgeStats, Tensor]:
     penalty = maps.context_penalty
     if penalty == 1:
         return stats, maps.weights
-    w = maps.weights.detach().to(F64).clone()
-    w[:, stats.hidden:] *= penalty ** 0.5
+    w = context_block_scaled(maps.weights.detach().to(F64), stats.hidden, penalty ** 0.5)
     return stats.with_context_scale(penalty ** -0.5), w
 
 
+@one_thread()  # the recomputed W_64 and residual do not depend on the caller's thread count
 def layer_certificate(stats: RidgeStats, index: int, weight: Tensor, lam: float, *, layer: int | None = None,
                       max_excess_rel: float = MAX_EXCESS_REL, provenance: dict | None = None) -> dict:
     """The numeric certificate of one late layer's stored map.

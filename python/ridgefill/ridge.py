@@ -20,6 +20,8 @@ form) states that this solve is the minimiser; ``KvaLean.Identity`` (``ridge_ten
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +31,29 @@ from .errors import InputError, NonFiniteError, SingularGramError
 from .validate import check_finite, check_real, is_real
 
 F64 = torch.float64
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the enclosed float64 solves on one CPU thread, then restore the caller's thread count.
+
+    A multi-threaded BLAS sums in an order that depends on the thread count, so the same solve gives
+    bits that differ by about ``κ · eps``; an entry of ``W_64`` near a float32 rounding midpoint then
+    rounds the other way, and a map fitted with ``--threads 2`` would fail a certificate recomputed with
+    one thread (:func:`ridgefill.certify.layer_certificate`). :func:`solve_ridge` and the certificates
+    run under this, so a certificate recomputed from the saved statistics does not depend on the thread
+    count that fitted the maps or on the one that checks them (the statistics themselves are summed with
+    the caller's threads, and saved). A ``[2d, d]`` solve at ``d = 576`` takes well under a second on
+    one thread."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = None) -> Tensor:
@@ -43,7 +68,8 @@ def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = 
     Returns:
         ``W`` ``[d, k]`` float64, the unique minimiser of ``‖H W − X‖² + λ‖W − W₀‖²`` (Lean, in
         ``KvaLean/Ridge.lean``: ``KvaLean.ridge_optimal``, ``ridge_unique``; multi-output
-        ``ridge_multi_optimal``, ``ridge_multi_unique``).
+        ``ridge_multi_optimal``, ``ridge_multi_unique``). Solved on one CPU thread (:func:`one_thread`):
+        the same bits whatever the caller's thread count.
 
     Raises:
         InputError: not tensors, shapes disagree, or ``λ`` is not a finite number ``≥ 0``.
@@ -71,7 +97,8 @@ def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = 
     for name, t in (("the Gram matrix G", gram), ("the cross term B", cross), ("the prior W₀", prior)):
         check_finite(t, f"{name} given to solve_ridge", NonFiniteError)
     eye = torch.eye(d, dtype=F64, device=gram.device)
-    factor, info = torch.linalg.cholesky_ex(gram + lam * eye)
+    with one_thread():  # the same bits whatever the caller's thread count
+        factor, info = torch.linalg.cholesky_ex(gram + lam * eye)
     pivots = factor.diagonal().square()
     # singular to working precision: a pivot below d·eps of the largest (condition number > 1/(d·eps))
     if info.item() != 0 or not pivots.min() > d * torch.finfo(F64).eps * pivots.max():
@@ -80,7 +107,8 @@ def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = 
             f"{float(pivots.min() / pivots.max()) if info.item() == 0 else 0.0:.2e}); "
             "the Gram matrix is singular or has too little calibration data for this hidden size: "
             "use λ > 0 (or λ = 'auto'), or calibrate on more tokens")
-    return torch.cholesky_solve(cross + lam * prior, factor)
+    with one_thread():
+        return torch.cholesky_solve(cross + lam * prior, factor)
 
 
 @dataclass
@@ -298,6 +326,17 @@ def heldout_errors(fit: RidgeStats, heldout: RidgeStats, layer: int, lams: Tenso
     return srr - 2 * d @ a + ((d @ k) * d).sum(1)
 
 
+def context_block_scaled(weights: Tensor, hidden: int, scale: float) -> Tensor:
+    """A new tensor: ``weights`` ``[..., 2d, k]`` with the previous row's block (rows ``d:``, ``d = hidden``)
+    times ``scale``. A map ``W'`` on the features ``[h(t), c · h(t−1)]`` reads the same as
+    ``context_block_scaled(W', d, c)`` on ``[h(t), h(t−1)]``: the one mapping between the penalised fit's
+    scaled features (:meth:`RidgeStats.with_context_scale`) and the raw ones, used one way by
+    :func:`fit_maps` and the other by :func:`ridgefill.certify.as_solved`."""
+    out = weights.clone()
+    out[..., hidden:, :] *= scale
+    return out
+
+
 @dataclass
 class FittedMaps:
     """Result of :func:`fit_maps`: ``weights`` ``[layers, d, k]`` and ``biases`` ``[layers, k]`` (float64;
@@ -407,7 +446,7 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
         rel, rel_id = _heldout_report(stats, heldout, lams)  # predictions, hence errors, do not depend on the scale
     weights = torch.stack(weights)
     if penalty != 1:  # back to the raw features: b = x̄ − h̄' W' = x̄ − h̄ W already
-        weights[:, stats.hidden:] *= scale
+        weights = context_block_scaled(weights, stats.hidden, scale)
     return FittedMaps(weights, torch.stack(biases), lams, rel, rel_id, final_raw, penalty)
 
 
