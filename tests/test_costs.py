@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -239,7 +240,10 @@ def test_bench_with_row_selection(capsys):
     assert r["sel_measured_over_ideal"] == pytest.approx(r["sel_ratio"] / r["sel_ideal"])
     assert main(["bench", "--model", "tiny-random", "--lengths", "64", "--split", "1", "--tail", "8", "--repeats",
                  "1", "--warmup", "0", "--select", "budget=4"]) == 0
-    assert "with row selection" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "with row selection" in printed.out
+    # one progress line per timed round, with every prefill's seconds (a long length shows where it is)
+    assert re.search(r"N=64 round 1/1: exact \d+\.\d\d s, fill \d+\.\d\d s, sel \d+\.\d\d s", printed.err), printed.err
     # query-agnostic selection: one pass, its bound counts the chosen rows once (rounds=0)
     cfg = BenchConfig(model="tiny-random", lengths=(96,), split=2, tail=16, repeats=1, warmup=0,
                       select=Select.parse("prompt,budget=8"))

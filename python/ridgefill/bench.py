@@ -264,7 +264,7 @@ def _load() -> float | None:
 
 
 def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3, warmup: int = 1,
-                 seed: int = 0, select=None, refit: float = 0.0) -> dict:
+                 seed: int = 0, select=None, refit: float = 0.0, progress: bool = False) -> dict:
     """Time exact and fill prefill of ``n`` random token ids (see the module docstring).
 
     With ``select`` (a :class:`ridgefill.select.Select` or :class:`~ridgefill.select.Selection`) a third
@@ -277,6 +277,8 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     random token ids of the bench the n-gram part finds no match and the attention parts choose the rows.
     With ``refit > 0`` the fill with the maps refitted on the exact rows (:mod:`ridgefill.refit`) is timed
     too, and the selection prefill refits as well; their bounds count the refit (``fill_cost(refit=True)``).
+    With ``progress`` one line per warm-up and timed round goes to stderr (seconds per prefill), so a
+    long length shows where it is.
 
     Returns:
         A dict: ``n``, ``tail``, ``ideal``, ``exact_s``/``fill_s`` (medians) and ``*_all`` (every repeat),
@@ -302,10 +304,14 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
         runs["refit"] = lambda: prefill(model, ids, maps, tail=tail, mode="ridge", refit=refit)
     if select is not None:
         runs["sel"] = lambda: prefill(model, ids, maps, tail=tail, mode="ridge", select=select, refit=refit)
+    def report(what: str, walls: dict) -> None:
+        if progress:
+            done = ", ".join(f"{name} {t:.2f} s" for name, t in walls.items())
+            print(f"  N={n} {what}: {done}", file=sys.stderr, flush=True)
+
     load_before = _load()
-    for _ in range(warmup):
-        for fn in runs.values():
-            _timed(fn, device)
+    for w in range(warmup):
+        report(f"warm-up {w + 1}/{warmup}", {name: _timed(fn, device)[0] for name, fn in runs.items()})
     peaks = {}
     for name, fn in runs.items():
         with PeakMemory(device) as pm:
@@ -321,6 +327,7 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
             wall, used = _timed(runs[name], device)
             times[name].append(wall)
             cpu[name].append(used)
+        report(f"round {r + 1}/{repeats}", {name: times[name][-1] for name in runs})
     ratios = [e / f for e, f in zip(times["exact"], times["fill"])]
     cpu_ratios = [e / f for e, f in zip(cpu["exact"], cpu["fill"]) if f > 0]
     shape = dict(context=maps.context, kv_maps=maps.kind == "kv")  # what the maps read and predict
@@ -545,7 +552,7 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
         if progress:
             print(f"bench N={n} ...", file=sys.stderr, flush=True)
         row = bench_length(model, maps, n, tail=tail, repeats=cfg.repeats, warmup=cfg.warmup, seed=cfg.seed,
-                           select=cfg.select, refit=cfg.refit)
+                           select=cfg.select, refit=cfg.refit, progress=progress)
         e, f = exact_cost(shape, n), fill_cost(shape, n, split, tail, context=cfg.context)
         row.update(exact_tflop=e.flops / 1e12, fill_tflop=f.flops / 1e12,
                    exact_tflops_per_s=e.flops / 1e12 / row["exact_s"], fill_tflops_per_s=f.flops / 1e12 / row["fill_s"])
