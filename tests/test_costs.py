@@ -244,6 +244,8 @@ def test_bench_with_row_selection(capsys):
     assert "with row selection" in printed.out
     # one progress line per timed round, with every prefill's seconds (a long length shows where it is)
     assert re.search(r"N=64 round 1/1: exact \d+\.\d\d s, fill \d+\.\d\d s, sel \d+\.\d\d s", printed.err), printed.err
+    assert re.search(r"N=64 peak memory \(untimed\): exact (\d+|\?) MiB, fill (\d+|\?) MiB, sel (\d+|\?) MiB",
+                     printed.err), printed.err
     # query-agnostic selection: one pass, its bound counts the chosen rows once (rounds=0)
     cfg = BenchConfig(model="tiny-random", lengths=(96,), split=2, tail=16, repeats=1, warmup=0,
                       select=Select.parse("prompt,budget=8"))

@@ -126,8 +126,8 @@ def test_errors():
 
 def test_solve_and_certificates_do_not_depend_on_the_thread_count():
     """A multi-threaded BLAS sums in an order that depends on the thread count, which moves a float64
-    solve by about κ·eps and flips the float32 rounding of entries near a midpoint. ``solve_ridge`` and
-    the certificates run on one thread (``ridge.one_thread``): maps fitted with 2 threads are the bits
+    solve by about κ·eps and flips the float32 rounding of entries near a midpoint. ``fit_maps``' solves
+    and the certificates run on one thread (``ridge.one_thread``): maps fitted with 2 threads are the bits
     fitted with 1, their certificates pass and agree whichever thread count checks them, and the
     caller's thread count is restored."""
     from ridgefill.certify import layer_certificate

@@ -277,8 +277,8 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     random token ids of the bench the n-gram part finds no match and the attention parts choose the rows.
     With ``refit > 0`` the fill with the maps refitted on the exact rows (:mod:`ridgefill.refit`) is timed
     too, and the selection prefill refits as well; their bounds count the refit (``fill_cost(refit=True)``).
-    With ``progress`` one line per warm-up and timed round goes to stderr (seconds per prefill), so a
-    long length shows where it is.
+    With ``progress`` one line per warm-up and timed round goes to stderr (seconds per prefill), and one
+    after the untimed peak-memory round, so a long length shows where it is.
 
     Returns:
         A dict: ``n``, ``tail``, ``ideal``, ``exact_s``/``fill_s`` (medians) and ``*_all`` (every repeat),
@@ -319,6 +319,9 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
             _sync(device)
             del out
         peaks[name] = pm.peak
+    if progress:
+        sizes = ", ".join(f"{name} {'?' if b is None else f'{b / 2**20:.0f}'} MiB" for name, b in peaks.items())
+        print(f"  N={n} peak memory (untimed): {sizes}", file=sys.stderr, flush=True)
     times = {name: [] for name in runs}
     cpu = {name: [] for name in runs}
     for r in range(repeats):

@@ -40,11 +40,14 @@ def one_thread() -> Iterator[None]:
     A multi-threaded BLAS sums in an order that depends on the thread count, so the same solve gives
     bits that differ by about ``κ · eps``; an entry of ``W_64`` near a float32 rounding midpoint then
     rounds the other way, and a map fitted with ``--threads 2`` would fail a certificate recomputed with
-    one thread (:func:`ridgefill.certify.layer_certificate`). :func:`solve_ridge` and the certificates
-    run under this, so a certificate recomputed from the saved statistics does not depend on the thread
-    count that fitted the maps or on the one that checks them (the statistics themselves are summed with
-    the caller's threads, and saved). A ``[2d, d]`` solve at ``d = 576`` takes well under a second on
-    one thread."""
+    one thread (:func:`ridgefill.certify.layer_certificate`). The final solves of :func:`fit_maps` and
+    the certificates run under this, so a certificate recomputed from the saved statistics does not depend
+    on the thread count that fitted the maps or on the one that checks them (the statistics themselves
+    are summed with the caller's threads, and saved; the held-out choice of ``λ`` runs on the caller's
+    threads, and ``λ`` is saved). A ``[2d, d]`` solve at ``d = 576`` takes well under a second on one
+    thread; the per-prompt refit (:mod:`ridgefill.refit`), never certified, keeps the caller's threads.
+    CUDA solves are not affected. The thread count is per process: do not fit from two Python threads
+    at once."""
     n = torch.get_num_threads()
     if n == 1:
         yield
@@ -68,8 +71,8 @@ def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = 
     Returns:
         ``W`` ``[d, k]`` float64, the unique minimiser of ``‖H W − X‖² + λ‖W − W₀‖²`` (Lean, in
         ``KvaLean/Ridge.lean``: ``KvaLean.ridge_optimal``, ``ridge_unique``; multi-output
-        ``ridge_multi_optimal``, ``ridge_multi_unique``). Solved on one CPU thread (:func:`one_thread`):
-        the same bits whatever the caller's thread count.
+        ``ridge_multi_optimal``, ``ridge_multi_unique``). On CPU the bits depend on the thread count
+        (a multi-threaded BLAS); :func:`fit_maps` and the certificates call it under :func:`one_thread`.
 
     Raises:
         InputError: not tensors, shapes disagree, or ``λ`` is not a finite number ``≥ 0``.
@@ -97,8 +100,7 @@ def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = 
     for name, t in (("the Gram matrix G", gram), ("the cross term B", cross), ("the prior W₀", prior)):
         check_finite(t, f"{name} given to solve_ridge", NonFiniteError)
     eye = torch.eye(d, dtype=F64, device=gram.device)
-    with one_thread():  # the same bits whatever the caller's thread count
-        factor, info = torch.linalg.cholesky_ex(gram + lam * eye)
+    factor, info = torch.linalg.cholesky_ex(gram + lam * eye)
     pivots = factor.diagonal().square()
     # singular to working precision: a pivot below d·eps of the largest (condition number > 1/(d·eps))
     if info.item() != 0 or not pivots.min() > d * torch.finfo(F64).eps * pivots.max():
@@ -107,8 +109,7 @@ def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = 
             f"{float(pivots.min() / pivots.max()) if info.item() == 0 else 0.0:.2e}); "
             "the Gram matrix is singular or has too little calibration data for this hidden size: "
             "use λ > 0 (or λ = 'auto'), or calibrate on more tokens")
-    with one_thread():
-        return torch.cholesky_solve(cross + lam * prior, factor)
+    return torch.cholesky_solve(cross + lam * prior, factor)
 
 
 @dataclass
@@ -436,11 +437,12 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
     if prior is None:
         prior = torch.zeros(final.features, final.outputs, dtype=F64)
     weights, biases = [], []
-    for layer in range(n):
-        gram, cross, _ = final.centred(layer)
-        w = solve_ridge(gram, cross, lams[layer], prior)
-        weights.append(w)
-        biases.append(mx[layer] - mh @ w)
+    with one_thread():  # the bits the certificate recomputes, whatever the caller's thread count
+        for layer in range(n):
+            gram, cross, _ = final.centred(layer)
+            w = solve_ridge(gram, cross, lams[layer], prior)
+            weights.append(w)
+            biases.append(mx[layer] - mh @ w)
     rel = rel_id = None
     if heldout is not None and heldout.count:
         rel, rel_id = _heldout_report(stats, heldout, lams)  # predictions, hence errors, do not depend on the scale
