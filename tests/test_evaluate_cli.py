@@ -62,9 +62,18 @@ def test_eval_commands_and_report(workdir, capsys):
     assert {"2/ridge+kscale", "2/ridge@lam×10"} <= {r["variant"] for r in splice["summary"]}
     assert len(splice["key_scales"]["2"]) == 3 and splice["lam_factors"] == [10.0]
 
-    assert _run(workdir, "eval", "needle", "--lengths", "1500", "--trials", "2", "--variants", "single,multikey",
-                "--modes", "exact,ridge,none", "--splits", "2", "--needle-tail", "200") == 0
+    import ridgefill.evaluate.needles as needles_module
+
+    ran = []  # the load average reads 1.0 before the needle run and 2.0 once it has started
+    real_run = needles_module.run_needles
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("os.getloadavg", lambda: (2.0 if ran else 1.0,) * 3)
+        mp.setattr(needles_module, "run_needles", lambda *p, **k: ran.append(1) or real_run(*p, **k))
+        assert _run(workdir, "eval", "needle", "--lengths", "1500", "--trials", "2", "--variants", "single,multikey",
+                    "--modes", "exact,ridge,none", "--splits", "2", "--needle-tail", "200") == 0
     needle = json.loads((out / "needle.json").read_text())
+    # the start's load average is read before the run (the header is built after it), the end's after
+    assert ran and needle["load_average_start"] == [1.0] * 3 and needle["load_average_end"] == [2.0] * 3
     assert len(needle["trials"]) == 4 and all(t["needle_in_filled_rows"] for t in needle["trials"])
     assert {r["system"] for r in needle["scores"]} == {"exact", "2/ridge", "2/none"}
 

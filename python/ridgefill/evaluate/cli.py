@@ -253,6 +253,18 @@ def _maps(a, model, tok, name, splits, needed: bool):
                            lam=a.lam, progress=not a.quiet, calib_set=a.calib_set, context=a.context)
 
 
+def _load_average() -> list[float] | None:
+    """The 1-, 5- and 15-minute load averages (``None`` where the platform has none)."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def _start(a) -> float:
+    """Mark a command's start: records the load average on ``a`` (the header is built after the run) and
+    returns the ``perf_counter`` reading for :func:`_finish`."""
+    a.load_average_start = _load_average()
+    return time.perf_counter()
+
+
 def _header(a, name, model, kind: str) -> dict:
     import torch
 
@@ -260,7 +272,7 @@ def _header(a, name, model, kind: str) -> dict:
             "num_layers": model.config.num_hidden_layers,
             "max_position_embeddings": getattr(model.config, "max_position_embeddings", None), "seed": a.seed,
             "argv": sys.argv[1:], "threads": torch.get_num_threads(), "machine": platform.machine(),
-            "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+            "load_average_start": a.load_average_start if hasattr(a, "load_average_start") else _load_average()}
 
 
 def _maps_meta(maps_by_split) -> dict:
@@ -279,7 +291,7 @@ def _finish(a, report: dict, t0: float, default: str) -> None:
     from ..fileio import write_json
 
     report["wall_seconds"] = time.perf_counter() - t0
-    report["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    report["load_average_end"] = _load_average()
     path = Path(a.json) if a.json else Path(a.out) / default
     write_json(path, report)
     print(f"wrote {path} ({report['wall_seconds']:.0f} s)")
@@ -376,7 +388,7 @@ def _key_scales(a, model, tok, maps, splits) -> dict:
 def _cmd_needle(a) -> None:
     from .needles import VARIANTS, haystack_sentences, run_needles
 
-    t0 = time.perf_counter()
+    t0 = _start(a)
     for v in a.variants:
         if v not in VARIANTS:
             raise InputError(f"unknown needle variant {v!r}; use {','.join(VARIANTS)}")
@@ -410,7 +422,7 @@ def _cmd_loss(a) -> None:
 
     from .loss import fill_variants, key_token_stats, score_documents, summarise
 
-    t0 = time.perf_counter()
+    t0 = _start(a)
     model, tok, name = _setup(a)
     splits = _splits(a, model)
     report = _header(a, name, model, "loss")
@@ -438,7 +450,7 @@ def _cmd_splice(a) -> None:
     from .loss import key_token_stats, score_documents, summarise
     from .splice import ALL_COMPONENTS, check_components, components_for, fix_variants, splice_variants
 
-    t0 = time.perf_counter()
+    t0 = _start(a)
     for c in a.components or []:
         if c not in ALL_COMPONENTS:
             raise InputError(f"unknown splice component {c!r}; use {','.join(ALL_COMPONENTS)}")
@@ -495,7 +507,7 @@ def _cmd_depth(a) -> None:
     from .depth import parse_depth, run_depth, split_for_depth
     from .needles import haystack_sentences
 
-    t0 = time.perf_counter()
+    t0 = _start(a)
     depths = [parse_depth(d) for d in a.depths]
     model, tok, name = _setup(a)
     L = model.config.num_hidden_layers
