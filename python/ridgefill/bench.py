@@ -304,14 +304,14 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
         runs["refit"] = lambda: prefill(model, ids, maps, tail=tail, mode="ridge", refit=refit)
     if select is not None:
         runs["sel"] = lambda: prefill(model, ids, maps, tail=tail, mode="ridge", select=select, refit=refit)
-    def report(what: str, walls: dict) -> None:
+    def report(what: str, values: dict, unit: str) -> None:
         if progress:
-            done = ", ".join(f"{name} {t:.2f} s" for name, t in walls.items())
+            done = ", ".join(f"{name} {v} {unit}" for name, v in values.items())
             print(f"  N={n} {what}: {done}", file=sys.stderr, flush=True)
 
     load_before = _load()
     for w in range(warmup):
-        report(f"warm-up {w + 1}/{warmup}", {name: _timed(fn, device)[0] for name, fn in runs.items()})
+        report(f"warm-up {w + 1}/{warmup}", {name: f"{_timed(fn, device)[0]:.2f}" for name, fn in runs.items()}, "s")
     peaks = {}
     for name, fn in runs.items():
         with PeakMemory(device) as pm:
@@ -319,9 +319,7 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
             _sync(device)
             del out
         peaks[name] = pm.peak
-    if progress:
-        sizes = ", ".join(f"{name} {'?' if b is None else f'{b / 2**20:.0f}'} MiB" for name, b in peaks.items())
-        print(f"  N={n} peak memory (untimed): {sizes}", file=sys.stderr, flush=True)
+    report("peak memory (untimed)", {name: "?" if b is None else f"{b / 2**20:.0f}" for name, b in peaks.items()}, "MiB")
     times = {name: [] for name in runs}
     cpu = {name: [] for name in runs}
     for r in range(repeats):
@@ -330,7 +328,7 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
             wall, used = _timed(runs[name], device)
             times[name].append(wall)
             cpu[name].append(used)
-        report(f"round {r + 1}/{repeats}", {name: times[name][-1] for name in runs})
+        report(f"round {r + 1}/{repeats}", {name: f"{times[name][-1]:.2f}" for name in runs}, "s")
     ratios = [e / f for e, f in zip(times["exact"], times["fill"])]
     cpu_ratios = [e / f for e, f in zip(cpu["exact"], cpu["fill"]) if f > 0]
     shape = dict(context=maps.context, kv_maps=maps.kind == "kv")  # what the maps read and predict

@@ -272,7 +272,7 @@ def _header(a, name, model, kind: str) -> dict:
             "num_layers": model.config.num_hidden_layers,
             "max_position_embeddings": getattr(model.config, "max_position_embeddings", None), "seed": a.seed,
             "argv": sys.argv[1:], "threads": torch.get_num_threads(), "machine": platform.machine(),
-            "load_average_start": a.load_average_start if hasattr(a, "load_average_start") else _load_average()}
+            "load_average_start": a.load_average_start}  # read by _start, before the run
 
 
 def _maps_meta(maps_by_split) -> dict:
