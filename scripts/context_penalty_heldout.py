@@ -101,6 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if (a.out is None) != (a.like is None) or (a.out and "," in a.splits):
         ap.error("--out and --like go together, with one split in --splits")
+    try:
+        alphas = [float(x) for x in a.alphas.split(",")]
+        splits = [int(x) for x in a.splits.split(",")]
+    except ValueError:
+        ap.error(f"--alphas {a.alphas!r} / --splits {a.splits!r}: comma-separated numbers (e.g. 1,4,16 and 11,15)")
+    if 1.0 not in alphas or any(not x >= 1 for x in alphas):
+        ap.error("--alphas must hold 1 (the reference) and values ≥ 1")
+    if a.points < 2:
+        ap.error(f"--points {a.points}: at least 2 λ values")
 
     import torch
 
@@ -109,19 +118,29 @@ def main(argv: list[str] | None = None) -> int:
     from ridgefill.fileio import write_json
     from ridgefill.run import RunConfig
 
+    from ridgefill.errors import RidgeFillError
+    from ridgefill.maps import load_maps
+
     if a.threads:
         torch.set_num_threads(a.threads)
-    alphas = [float(x) for x in a.alphas.split(",")]
-    if 1.0 not in alphas or any(x < 1 for x in alphas):
-        ap.error("--alphas must hold 1 (the reference) and values ≥ 1")
     model, tok, name = load_model(a.model)
+    like = None
+    if a.like:  # checked before the pass: a bad file is not found minutes later
+        try:
+            like = load_maps(a.like)
+            like.check_model(model, splits[0])
+        except RidgeFillError as e:
+            ap.error(f"--like {a.like}: {e}")
+        if not like.context or like.kind != "inputs":
+            ap.error(f"--like {a.like}: give the library's context input maps (ridgefill calibrate --context 1)")
     cfg = RunConfig()
     chunks, _ = calibration_plan(tok, calibration_texts(a.calib_set), cfg.calib_tokens, cfg.chunk)
-    splits = [int(s) for s in a.splits.split(",")]
     stats = collect_stats_many(model, chunks, splits, heldout_every=8, context=1)
     out = {"model": name, "calib_set": a.calib_set, "alphas": alphas, "points": a.points, "splits": {}}
+    chosen = {}
     for split, (fit, held) in stats.items():
         rows = sweep(fit, held, alphas, a.points)
+        chosen[split] = [dict(r) for r in rows]  # layer indices among the late layers, for heldout_maps
         for r in rows:
             r["layer"] += split + 1
             rel, lam = r["error_rel_to_alpha_1"], r["lambda"]
@@ -129,16 +148,17 @@ def main(argv: list[str] | None = None) -> int:
                   + " ".join(f"{x:g}:{rel[x]:.5f}" for x in alphas) + "; λ: "
                   + " ".join(f"{x:g}:{lam[x]:.3g}" for x in alphas), flush=True)
         out["splits"][str(split)] = rows
-        if a.out:
-            from ridgefill.maps import load_maps
-
-            like = load_maps(a.like)
-            if like.split != split:
-                ap.error(f"--like {a.like} is for S={like.split}, not {split}")
-            heldout_maps(fit, held, sweep(fit, held, alphas, a.points), like).save(a.out)
-            print(f"wrote {a.out}")
-    if a.json:
+    if a.json:  # first: the sweep is kept even if the maps below cannot be written
         write_json(a.json, out)
+    if like is not None:
+        split = splits[0]
+        fit, held = stats[split]
+        try:
+            heldout_maps(fit, held, chosen[split], like).save(a.out)
+        except (ValueError, RidgeFillError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {a.out}")
     return 0
 
 

@@ -60,15 +60,20 @@ def keys_from(key_maps):
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[0] != "--key-maps" or argv[2] != "eval":
+    if len(argv) < 4 or argv[0] != "--key-maps" or argv[2] != "eval" or argv[3] not in ("needle", "loss"):
         print("usage: key_maps_probe.py --key-maps FILE eval {needle,loss} [eval options]", file=sys.stderr)
         return 2
     import ridgefill.evaluate.loss as loss
     import ridgefill.evaluate.needles as needles
     from ridgefill.cli import main as cli
+    from ridgefill.errors import RidgeFillError
     from ridgefill.maps import load_maps
 
-    key_maps = load_maps(argv[1])
+    try:
+        key_maps = load_maps(argv[1])
+    except RidgeFillError as e:
+        print(f"--key-maps {argv[1]}: {e}", file=sys.stderr)
+        return 2
     if key_maps.context or key_maps.kind != "inputs":
         print(f"--key-maps {argv[1]}: give input maps without context (ridgefill calibrate --context 0)", file=sys.stderr)
         return 2
