@@ -46,7 +46,8 @@ def keys_from(key_maps):
         for layer in range(split + 1):  # h_S, as the fill computes it
             shape = (ids.shape[0], ad.num_kv_heads, n, ad.head_dim)
             x = ad.layer(layer, x, rope, positions, x.new_empty(shape), x.new_empty(shape))
-        w, b = key_maps.to(x.dtype, x.device).weights, key_maps.to(x.dtype, x.device).biases
+        cast = key_maps.to(x.dtype, x.device)
+        w, b = cast.weights, cast.biases
 
         def hook(layer, k, v, rows):
             i = layer - split - 1

@@ -1,10 +1,22 @@
 """Shared fixtures: tiny random-weight Llama models built in the test process (no download)."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from ridgefill import RidgeMaps
+
+
+def script_module(name: str):
+    """The research script ``scripts/<name>.py`` imported as a module (its ``main`` not run)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_llama(seed: int = 0, layers: int = 6, hidden: int = 64, vocab: int = 101) -> LlamaForCausalLM:

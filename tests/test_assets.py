@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.util
 import json
 import lzma
 import re
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import script_module
 from ridgefill import assets
 from ridgefill.errors import AssetError
 
@@ -116,10 +116,7 @@ def test_cache_dir(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="module")
 def prep():
-    spec = importlib.util.spec_from_file_location("prepare_text", REPO / "scripts" / "prepare_text.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return script_module("prepare_text")
 
 
 def test_lines_to_text(prep):

@@ -4,7 +4,6 @@ the maps reuse that depends on the calibration text, and the overlap refusal wit
 on a tiny random model saved as a local Hugging Face directory (byte-level tokenizer)."""
 
 import hashlib
-import importlib.util
 import json
 import re
 import sysconfig
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import script_module
 from ridgefill import assets
 from ridgefill.calibrate import calibrate, calibration_plan, text_hash
 from ridgefill.cli import main
@@ -74,9 +74,7 @@ def test_data_readme_records_the_shipped_files_and_both_scripts_own_their_part()
     for k in ("handbook", "stdlib"):
         assert SHA[k] in readme
     assert "Creative Commons Attribution-ShareAlike 3.0 Unported" in readme and "PSF-2.0" in readme
-    spec = importlib.util.spec_from_file_location("prepare_calibration", REPO / "scripts" / "prepare_calibration.py")
-    prep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prep)
+    prep = script_module("prepare_calibration")
     assert readme.count(prep.README_MARKER) == 1
     # the technical part replaces only itself; a README without it gets it appended after a blank line
     assert prep._readme_with("austen part\n\n" + prep.README_MARKER + "\nold\n", prep.README_MARKER + "\nnew\n") == \

@@ -2,9 +2,9 @@
 call a needle's value and key decode to that value and key, for every needle of a multikey case; and the
 lexical selection part (``Select.parse("ngram")``) chooses those rows on the same cases."""
 
-import importlib.util
 from pathlib import Path
 
+from conftest import script_module
 from ridgefill.assets import EVALUATION_BOOKS, load_model, load_texts
 from ridgefill.evaluate.needles import case_rng, haystack_sentences, make_case
 from ridgefill.evaluate.report import load_reports
@@ -13,16 +13,8 @@ import torch
 from ridgefill.select import Select, choose_rows, ngram_scores
 
 
-def _script(name):
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_needle_oracle_row_sets_are_the_needles_value_and_key():
-    oracle = _script("needle_oracle")
+    oracle = script_module("needle_oracle")
     _, tok, _ = load_model()
     sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
     for t in range(3):
@@ -71,7 +63,7 @@ def test_ngram_coverage_weighing_filled_is_the_library_score():
     (the ninth session's) differs from it there."""
     from ridgefill.select import NGRAM_SIZES
 
-    cov = _script("ngram_coverage")
+    cov = script_module("ngram_coverage")
     _, tok, _ = load_model()
     sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
     for t in range(2):
@@ -89,7 +81,7 @@ def test_loss_subset_matches_eval_loss_and_finds_the_held_out_documents():
     documents inside that 16-document run it gives the depth table's own S = 15 figures (another run, on
     those six documents alone), in any order of the indices; ``--held-out-from 3,3`` keeps the 10 documents
     that share no 32-token window with the depth table's six, and none when held out from all 16."""
-    subset = _script("loss_subset")
+    subset = script_module("loss_subset")
     results = Path(__file__).resolve().parents[1] / "docs" / "results"
     data = subset.load(str(results / "loss-twelfth-8x8.json.xz"))
     n = len(data["documents"])

@@ -2,12 +2,9 @@
 ``scripts/key_maps_probe.py`` writes the filled rows' keys from the key maps and their values from the
 context maps, and ``scripts/context_penalty_heldout.py`` reports the held-out error a penalised fit has."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
-from conftest import oracle_context_maps, tiny_llama
+from conftest import oracle_context_maps, script_module, tiny_llama
 
 from ridgefill import RidgeMaps, prefill
 from ridgefill.errors import MapsMismatchError
@@ -16,21 +13,13 @@ from ridgefill.ridge import RidgeStats, fit_maps, lambda_grid
 S = 2
 
 
-def _script(name):
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _late(res, layer):
     c = res.cache.layers[layer]
     return c.keys, c.values
 
 
 def test_key_maps_probe_takes_keys_from_the_key_maps_and_values_from_the_context_maps():
-    probe = _script("key_maps_probe")
+    probe = script_module("key_maps_probe")
     model = tiny_llama(seed=4)
     ids = torch.randint(0, 101, (1, 40), generator=torch.Generator().manual_seed(6))
     d, tail = model.config.hidden_size, 6
@@ -67,7 +56,7 @@ def test_key_maps_probe_takes_keys_from_the_key_maps_and_values_from_the_context
 
 
 def test_context_penalty_sweep_reports_the_held_out_error_of_the_penalised_fit():
-    sweep = _script("context_penalty_heldout").sweep
+    sweep = script_module("context_penalty_heldout").sweep
     g = torch.Generator().manual_seed(8)
     d = 5
 
@@ -105,7 +94,7 @@ def test_context_penalty_sweep_reports_the_held_out_error_of_the_penalised_fit()
 
 
 def test_heldout_maps_take_each_layers_best_alpha_and_lambda_and_check_the_statistics():
-    script = _script("context_penalty_heldout")
+    script = script_module("context_penalty_heldout")
     g = torch.Generator().manual_seed(9)
     d = 4
 
