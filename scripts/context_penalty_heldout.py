@@ -72,14 +72,14 @@ def heldout_maps(fit, held, rows: list[dict], like):
     if auto.lambdas != like.lambdas or not torch.equal(auto.weights.float(), like.weights.float()):
         raise ValueError("--like maps were not fitted on these statistics (their λ or weights differ): give the "
                          "library's context maps of the same model, split and calibration set")
-    merged, weights, biases, lams, alphas = fit.merged(held), [], [], [], []
-    for i, r in enumerate(rows):
-        alpha, lam = r["best_alpha"], r["lambda"][r["best_alpha"]]
-        one = fit_maps(merged, [lam] * fit.layers, context_penalty=alpha)
-        weights.append(one.weights[i])
-        biases.append(one.biases[i])
-        lams.append(lam)
-        alphas.append(alpha)
+    merged = fit.merged(held)
+    alphas = [r["best_alpha"] for r in rows]
+    lams = [r["lambda"][a] for r, a in zip(rows, alphas)]
+    weights, biases = [None] * len(rows), [None] * len(rows)
+    for alpha in set(alphas):  # one fit per α, each layer with its own λ; keep the layers that chose this α
+        fitted = fit_maps(merged, lams, context_penalty=alpha)
+        for i in (i for i, a in enumerate(alphas) if a == alpha):
+            weights[i], biases[i] = fitted.weights[i], fitted.biases[i]
     meta = dict(like.meta, lambda_spec="held-out alpha and lambda per layer (scripts/context_penalty_heldout.py)",
                 heldout_alpha=alphas)
     meta.pop("context_penalty", None)  # one number in the format; the per-layer values are heldout_alpha
@@ -115,11 +115,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from ridgefill.assets import calibration_texts, load_model
     from ridgefill.calibrate import calibration_plan, collect_stats_many
-    from ridgefill.fileio import write_json
-    from ridgefill.run import RunConfig
-
     from ridgefill.errors import RidgeFillError
+    from ridgefill.fileio import write_json
     from ridgefill.maps import load_maps
+    from ridgefill.run import RunConfig
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -139,10 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     out = {"model": name, "calib_set": a.calib_set, "alphas": alphas, "points": a.points, "splits": {}}
     chosen = {}
     for split, (fit, held) in stats.items():
-        rows = sweep(fit, held, alphas, a.points)
-        chosen[split] = [dict(r) for r in rows]  # layer indices among the late layers, for heldout_maps
+        chosen[split] = sweep(fit, held, alphas, a.points)  # layer: index among the late layers
+        rows = [dict(r, layer=r["layer"] + split + 1) for r in chosen[split]]  # the model's layer index
         for r in rows:
-            r["layer"] += split + 1
             rel, lam = r["error_rel_to_alpha_1"], r["lambda"]
             print(f"S={split} layer {r['layer']}: best α {r['best_alpha']:g}; error / α=1's: "
                   + " ".join(f"{x:g}:{rel[x]:.5f}" for x in alphas) + "; λ: "

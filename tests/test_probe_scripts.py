@@ -112,6 +112,7 @@ def test_heldout_maps_take_each_layers_best_alpha_and_lambda_and_check_the_stati
     like = RidgeMaps(2, auto.weights.float(), auto.biases.float(), auto.lambdas, {"context": 1, "model_name": "m"})
     alphas = [1.0, 4.0, 64.0]
     rows = script.sweep(fit, held, alphas, points=41)
+    assert len({r["best_alpha"] for r in rows}) > 1  # layers choosing different α: one fit per α, mixed
     maps = script.heldout_maps(fit, held, rows, like)
     assert maps.meta["heldout_alpha"] == [r["best_alpha"] for r in rows] and maps.meta["model_name"] == "m"
     assert maps.context == 1 and "context_penalty" not in maps.meta
