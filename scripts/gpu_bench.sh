@@ -5,32 +5,38 @@
 #
 # 1. CUDA equality check: the fast fill path (batched maps + folded K/V + RoPE into the cache) equals
 #    the per-layer reference path, cache and logits, on the GPU: a tiny random Llama in float32 and
-#    bfloat16, and the Llama-3.1-8B shape in bfloat16 at 2048 tokens. Exits non-zero on a mismatch.
+#    bfloat16, and the Llama-3.1-8B shape in bfloat16 at 2048 tokens, plain and context maps.
+#    Exits non-zero on a mismatch (after the bench, which runs either way).
 # 2. `ridgefill bench` on the Llama-3.1-8B shape with random weights, bfloat16, S = 16, tail 2048,
-#    at 8K / 32K / 128K tokens (random weights time the same as the real model; maps are random).
+#    context maps (the default), with the default row selection timed beside the plain fill, at
+#    8K / 32K / 128K tokens (random weights time the same as the real model; maps are random).
 #
-# Needs: the project installed in the active Python (pip install -e .), a CUDA build of torch, and
-# one GPU with at least 80 GB (128K tokens: 16 GB of weights, 16 GB of KV cache, activations).
-# Expected run time on an H100/H200: about 3-5 minutes, most of it the 128K exact prefills.
-# Environment: PYTHON (default: python), LENGTHS (default: 8k,32k,128k), REPEATS (default: 3).
+# Needs: the project importable in the active Python (pip install -e ., or PYTHONPATH=python), a CUDA
+# build of torch, and one GPU with at least 80 GB (128K tokens: 16 GB of weights, 16 GB of KV cache,
+# activations). About 4 minutes on an H200, most of it the 128K prefills.
+# Environment: PYTHON (default: python3), LENGTHS (default: 8k,32k,128k), REPEATS (default: 3),
+#              SELECT (default: on; `off` times the plain fill only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-gpu-bench-out}"
-PY="${PYTHON:-python}"
+PY="${PYTHON:-python3}"
 LENGTHS="${LENGTHS:-8k,32k,128k}"
 REPEATS="${REPEATS:-3}"
+SELECT="${SELECT:-on}"
 mkdir -p "$OUT"
 
-"$PY" - <<'EOF' 2>&1 | tee "$OUT/cuda_check.txt"
+check_rc=0
+"$PY" - <<'PYEOF' 2>&1 | tee "$OUT/cuda_check.txt" || check_rc=$?
 import sys
 
 import torch
+import transformers
 
 from ridgefill.bench import check_fast_path, random_model, timing_maps
 
 if not torch.cuda.is_available():
     sys.exit("error: torch sees no CUDA device (torch %s)" % torch.__version__)
-print("device:", torch.cuda.get_device_name(0), "| torch", torch.__version__)
+print("device:", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| transformers", transformers.__version__)
 failed = False
 for preset, dtype, n, split, tail in [("tiny-random", torch.float32, 512, 2, 64),
                                       ("tiny-random", torch.bfloat16, 512, 2, 64),
@@ -45,9 +51,12 @@ for preset, dtype, n, split, tail in [("tiny-random", torch.float32, 512, 2, 64)
     del model
     torch.cuda.empty_cache()
 sys.exit(1 if failed else 0)
-EOF
+PYEOF
 
+sel=()
+[ "$SELECT" = off ] || sel=(--select "$SELECT")
 "$PY" -m ridgefill.cli bench --device cuda --model llama3-8b-random --dtype bfloat16 \
-    --lengths "$LENGTHS" --split 16 --tail 2048 --repeats "$REPEATS" --warmup 1 \
+    --lengths "$LENGTHS" --split 16 --tail 2048 --repeats "$REPEATS" --warmup 1 "${sel[@]}" \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
 echo "wrote $OUT/cuda_check.txt, $OUT/bench.txt, $OUT/bench.json"
+[ "$check_rc" = 0 ] || { echo "error: the CUDA equality check failed (exit $check_rc): see $OUT/cuda_check.txt" >&2; exit 1; }
