@@ -3,7 +3,7 @@ open Lake DSL
 
 /-! KvaLean: Lean 4 statements about RidgeFill (ridge maps, identity fill, causal fill,
 exact certificates). Depends on Lean core only (no Mathlib). `lake build` checks every module
-under `KvaLean/`; `bash ci/check-lean` checks the same files without elan/Lake. -/
+under `KvaLean/`; `bash .ci/check-lean` checks the same files without elan/Lake. -/
 
 package kvalean where
   -- every file starts with `module` (the module system, still behind this option in Lean 4.28)

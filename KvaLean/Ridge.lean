@@ -501,16 +501,15 @@ theorem sum_append : ∀ {m n : Nat} (f : Fin (m + n) → α),
     rw [e0, ih, e1, e2]
     grind
 
-/-- **`ridge_update`** (the maps refitted on a prompt's exact rows, `ridgefill.refit.PromptRefit`):
+/-- **`ridge_update`** (more statistics, `ridgefill.ridge.solve_ridge` on `RidgeStats.merged`):
 the ridge normal equations on statistics `G`, `B` (a Gram matrix and one column of the cross term)
-are `(G + λI) w = B + λ w₀`. Add the statistics `ΔG`, `ΔB` of more rows (the prompt's exact rows,
-each counted `α` times, merged as `sum_append` and `sum_sub_mul_sub` describe). If `w` solves the old
-equations and `u` solves `(G + ΔG + λI) u = ΔB − ΔG w`, then `w + u` solves the merged equations
-`(G + ΔG + λI)(w + u) = (B + ΔB) + λ w₀`. So the refit needs the calibration map `w`, its Gram `G`
-and the new rows only, never the calibration cross term. When `ΔG`, `ΔB` are what the new rows add to
-the pooled, centred statistics (the algebra of `PromptRefit`, checked by the crossval property), the
-result is, by `ridge_multi_optimal` and `fit_maps_optimal`, the ridge optimum over the calibration rows
-and the exact rows together. Constrains `ridgefill.refit.PromptRefit.layer`. -/
+are `(G + λI) w = B + λ w₀`. Add the statistics `ΔG`, `ΔB` of more rows (merged as `sum_append` and
+`sum_sub_mul_sub` describe). If `w` solves the old equations and `u` solves
+`(G + ΔG + λI) u = ΔB − ΔG w`, then `w + u` solves the merged equations
+`(G + ΔG + λI)(w + u) = (B + ΔB) + λ w₀`. So the solve on merged statistics is the update of the first
+fit by a correction that needs the first map `w`, its Gram `G` and the new rows only, never the first
+cross term; by `ridge_multi_optimal` and `fit_maps_optimal` it is the ridge optimum over all the rows.
+Constrains `ridgefill.ridge.solve_ridge`. -/
 theorem ridge_update {d : Nat} (G dG : Fin d → Fin d → α) (B dB w0 w u : Fin d → α) (lam : α)
     (hw : ∀ i, (sum fun j => G i j * w j) + lam * w i = B i + lam * w0 i)
     (hu : ∀ i, (sum fun j => (G i j + dG i j) * u j) + lam * u i = dB i - sum fun j => dG i j * w j) :

@@ -1,7 +1,7 @@
 """Tiny random-weight Llama models and maps fitted on them through the project's own calibration, for
 the fill property tests (no download; each model is built once per session).
 
-Maps come from :func:`ridgefill.calibrate.calibrate` on random text with a one-character-per-token
+Maps come from :func:`ridgefill.calibration.calibrate` on random text with a one-character-per-token
 tokenizer, so they carry the model's hash and pass :meth:`ridgefill.RidgeMaps.check_model`.
 """
 
@@ -13,7 +13,7 @@ import random
 import torch
 from hypothesis import strategies as st
 from ridgefill import RidgeMaps
-from ridgefill.calibrate import calibrate
+from ridgefill.calibration import calibrate
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 VOCAB = 61
@@ -33,7 +33,7 @@ def tiny_llama(index: int) -> LlamaForCausalLM:
 
 
 class CharTokenizer:
-    """One token per character (``ord(c) mod VOCAB``): enough for :func:`ridgefill.calibrate.calibrate`."""
+    """One token per character (``ord(c) mod VOCAB``): enough for :func:`ridgefill.calibration.calibrate`."""
 
     def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
         return {"input_ids": [ord(c) % VOCAB for c in text]}

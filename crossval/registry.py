@@ -64,7 +64,7 @@ EXACT_TARGETS = (_R + "test_exact_targets_give_identity",)
 LIMIT = (_L + "test_huge_lambda_gives_centred_identity",)
 INTERCEPT_ERR = (_L + "test_intercept_error_bounded_by_map_error",)
 STREAM = (_S + "test_merged_moments_equal_direct_moments",)
-REFIT = ("test_refit_props.py::test_refit_minimises_the_objective_on_the_calibration_and_exact_rows",)
+UPDATE = (_S + "test_ridge_update_solves_the_merged_normal_equations",)
 IDENTITY_FILL = (_F + "test_identity_fill_is_ridge_fill_with_identity_maps",)
 CAUSAL = (_F + "test_later_tokens_never_change_earlier_rows",)
 LOWER = (_F + "test_lower_layers_exact",)
@@ -114,9 +114,9 @@ REGISTRY: tuple[Entry, ...] = (
               "supporting lemma (intercept)"),
     *_entries("Ridge", "sum_sub_mul_sub sum_append", ("ridgefill.ridge.fit_maps",), STREAM,
               "streaming statistics: RidgeStats.moments and RidgeStats.merged (methods the registry cannot name)"),
-    Entry("KvaLean.ridge_update", "KvaLean/Ridge.lean", ("ridgefill.refit.PromptRefit", "ridgefill.fill.prefill"),
-          REFIT + STREAM, "the refit on a prompt's exact rows: W + (G + ΔG + λI)⁻¹(ΔB − ΔG W) solves the merged "
-          "normal equations, so it is the fit on the calibration rows and α copies of the exact rows"),
+    Entry("KvaLean.ridge_update", "KvaLean/Ridge.lean", ("ridgefill.ridge.solve_ridge",),
+          UPDATE + STREAM, "supporting lemma (more statistics): W + (G + ΔG + λI)⁻¹(ΔB − ΔG W) solves the merged "
+          "normal equations, so the solve on merged statistics (RidgeStats.merged) is the update of the first fit"),
     # ---- KvaLean/Solve.lean: the solution exists (λ > 0), and (W, b) is unique ---------------------
     Entry("KvaLean.exists_solve_of_coercive", "KvaLean/Solve.lean", _SOLVE, EXISTS + NORMAL_EQ,
           "⟨u, A u⟩ ≥ μ‖u‖², μ > 0 ⇒ A w = c has a solution (Gaussian elimination, Schur complements)"),
@@ -264,8 +264,8 @@ def lean_files() -> list[Path]:
 
 @functools.lru_cache(maxsize=1)
 def checker():
-    """``ci/kvalean_check.py`` (the scan of ``ci/check-lean``), loaded by path: it is not a package."""
-    spec = importlib.util.spec_from_file_location("kvalean_check", ROOT / "ci" / "kvalean_check.py")
+    """``.ci/kvalean_check.py`` (the scan of ``.ci/check-lean``), loaded by path: it is not a package."""
+    spec = importlib.util.spec_from_file_location("kvalean_check", ROOT / ".ci" / "kvalean_check.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -273,7 +273,7 @@ def checker():
 
 def code_of(path: Path) -> str:
     """The Lean source with comments (``--``, nested ``/- -/``, docstrings) and string and character
-    literals blanked out, line structure kept (the same stripping as the scan of ``ci/check-lean``)."""
+    literals blanked out, line structure kept (the same stripping as the scan of ``.ci/check-lean``)."""
     return checker().strip(path.read_text(encoding="utf-8"))
 
 

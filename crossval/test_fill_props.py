@@ -12,6 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from ridgefill import RidgeMaps, exact_positions, predict_inputs, prefill
+from ridgefill.fill import prefill_instrumented
 from ridgefill.adapters import adapter_for
 from ridgefill.fill import context_features
 
@@ -34,8 +35,8 @@ def run(index, ids, split, tail, exact_rows, mode, logits="last"):
     model = tiny_llama(index)
     context = int(mode == "ridge-context")
     maps = fitted_maps(index, split, context=context) if mode.startswith("ridge") else None
-    return prefill(model, ids, maps, tail=tail, exact_rows=exact_rows, mode=mode.removesuffix("-context"),
-                   split=split, logits=logits)
+    return prefill_instrumented(model, ids, maps, tail=tail, exact_rows=exact_rows, mode=mode.removesuffix("-context"),
+                   split=split, logits=logits, select=None)
 
 
 @given(prompts(), modes, st.data())
@@ -107,7 +108,7 @@ def test_exact_rows_exact_when_filled_cache_exact(prompt, scenario, seed):
         filled = torch.ones(n, dtype=torch.bool)
         filled[exact_positions(n, tail, exact_rows)] = False
         maps, mode, pre_tol = oracle_maps(ref, split, layers, filled), "ridge", 1e-4
-    res = prefill(model, ids, maps, tail=tail, exact_rows=exact_rows, mode=mode, split=split, logits="exact")
+    res = prefill_instrumented(model, ids, maps, tail=tail, exact_rows=exact_rows, mode=mode, split=split, logits="exact", select=None)
     for layer in range(layers):  # precondition: the filled (and every) cache row is exact
         for got, exp in zip(kv(res.cache, layer), kv(ref.cache, layer)):
             torch.testing.assert_close(got, exp, rtol=0, atol=pre_tol)
@@ -129,7 +130,7 @@ def test_no_filled_rows_is_exact_mode(prompt, mode, by_exact_rows):
     n = ids.shape[1]
     tail, rows = (1, list(range(n - 1))) if by_exact_rows else (n, [])
     res = run(index, ids, split, tail, rows, mode, logits="exact")
-    exact = prefill(tiny_llama(index), ids, tail=tail, exact_rows=rows, mode="exact", logits="exact")
+    exact = prefill_instrumented(tiny_llama(index), ids, tail=tail, exact_rows=rows, mode="exact", logits="exact", select=None)
     assert res.exact_positions.tolist() == list(range(n))
     torch.testing.assert_close(res.logits, exact.logits, rtol=0, atol=ATOL)
     for layer in range(CONFIGS[index][1]):
@@ -190,7 +191,7 @@ def test_identity_fill_is_ridge_fill_with_identity_maps(prompt, batch, rows):
     assert torch.equal(predict_inputs(h, torch.eye(d), torch.zeros(d)), h)
     eye = RidgeMaps(split, torch.eye(d).repeat(layers - split - 1, 1, 1), torch.zeros(layers - split - 1, d),
                     [float("inf")] * (layers - split - 1))
-    a = prefill(model, ids, eye, tail=tail, exact_rows=exact_rows, mode="ridge", logits="exact")
+    a = prefill_instrumented(model, ids, eye, tail=tail, exact_rows=exact_rows, mode="ridge", logits="exact", select=None)
     b = run(index, ids, split, tail, exact_rows, "identity", logits="exact")
     assert torch.equal(a.logits, b.logits)
     for layer in range(layers):
@@ -208,12 +209,12 @@ def test_decoding_after_fill_is_an_exact_row_of_the_fill(prompt, mode, token):
     index, ids, split, tail, exact_rows = prompt
     model = tiny_llama(index)
     maps = fitted_maps(index, split) if mode == "ridge" else None
-    res = prefill(model, ids, maps, tail=tail, exact_rows=exact_rows, mode=mode, split=split)
+    res = prefill(model, ids, maps, tail=tail, exact_rows=exact_rows, mode=mode, split=split, select=None)
     nxt = torch.full((ids.shape[0], 1), token, dtype=torch.long)
     with torch.no_grad():
         step = model(nxt, cache=res.cache, use_cache=True).logits
     longer = prefill(model, torch.cat([ids, nxt], 1), maps, tail=tail + 1, exact_rows=exact_rows, mode=mode,
-                     split=split)
+                     split=split, select=None)
     assert torch.equal(longer.exact_positions[:-1], res.exact_positions)  # the same rows are filled
     torch.testing.assert_close(step[:, -1], longer.logits[:, -1], rtol=0, atol=ATOL)
     tally.example()
@@ -236,7 +237,7 @@ def test_context_features_are_causal(prompt, data):
     later[:, t + 1:] = torch.randn_like(later[:, t + 1:])
     assert torch.equal(context_features(later, 1)[:, : t + 1], feats[:, : t + 1])
     maps = fitted_maps(index, split, context=1)
-    res = prefill(model, ids, maps, tail=tail, exact_rows=exact_rows)
+    res = prefill(model, ids, maps, tail=tail, exact_rows=exact_rows, select=None)
     filled = torch.ones(n, dtype=torch.bool)
     filled[res.exact_positions] = False
     if filled[t]:

@@ -27,6 +27,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ridgefill import RidgeMaps, predict_inputs, prefill
+from ridgefill.fill import prefill_instrumented
 from ridgefill.adapters import adapter_for
 from transformers import (
     DynamicCache,
@@ -164,7 +165,7 @@ def test_state_after_filled_rows_is_the_recurrence_on_predicted_inputs(drawn):
     ref = reference(model, ids)
     h = ref.hidden_states[split + 1][:, :f]  # h_S of the filled rows (the split's output)
     with watched(model) as seen:
-        res = prefill(model, ids, maps, tail=tail, mode=mode, split=split, logits="exact")
+        res = prefill_instrumented(model, ids, maps, tail=tail, mode=mode, split=split, logits="exact", select=None)
     assert sorted(seen["advance"]) == (late_recurrent if f else [])
     assert sorted(seen["layer"]) == list(ad.recurrent_layers)
     for l in late_recurrent:
@@ -206,9 +207,9 @@ def test_exact_rows_are_causal(drawn, data):
     assert (changed[:, t + 1:] != ids[:, t + 1:]).all()
     ad = adapter_for(model)
     with watched(model) as a_seen:
-        a = prefill(model, ids, maps, tail=tail, mode=mode, split=split, logits="exact")
+        a = prefill_instrumented(model, ids, maps, tail=tail, mode=mode, split=split, logits="exact", select=None)
     with watched(model) as b_seen:
-        b = prefill(model, changed, maps, tail=tail, mode=mode, split=split, logits="exact")
+        b = prefill_instrumented(model, changed, maps, tail=tail, mode=mode, split=split, logits="exact", select=None)
     early = a.exact_positions <= t
     # not bitwise: Qwen3-Next's MoE groups tokens by expert, so a changed route changes matmul shapes
     torch.testing.assert_close(a.logits[:, early], b.logits[:, early], rtol=0, atol=1e-5)

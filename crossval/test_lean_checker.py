@@ -1,9 +1,9 @@
-"""The source scan of ``ci/check-lean`` (``ci/kvalean_check.py scan``) on planted escapes.
+"""The source scan of ``.ci/check-lean`` (``.ci/kvalean_check.py scan``) on planted escapes.
 
 Each case copies the Lean sources to a temporary folder, plants one way around the kernel or the
 audit in one file and asserts that the scan reports it on that line. No Lean runs here (the scan is
 plain Python); the audit's own checks (axioms from the environment, module boundaries, pinned
-statements) run in ``ci/check-lean`` itself.
+statements) run in ``.ci/check-lean`` itself.
 """
 
 from __future__ import annotations

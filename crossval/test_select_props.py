@@ -23,6 +23,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 from ridgefill import prefill
+from ridgefill.fill import prefill_instrumented
 from ridgefill.select import NGRAM_SIZES, Select, Selection, as_selection, choose_rows, ngram_scores
 from ridgefill.ridge import RidgeStats, fit_maps
 
@@ -46,13 +47,13 @@ def test_selection_keeps_every_row_and_equals_the_one_pass_prefill(prompt, mode,
     tail = min(tail, n - 1)  # at least one filled row to choose from
     model = tiny_llama(index)
     maps = fitted_maps(index, split) if mode == "ridge" else None
-    res = prefill(model, ids, maps, tail=tail, mode=mode, split=split, select=sel, logits="exact")
+    res = prefill_instrumented(model, ids, maps, tail=tail, mode=mode, split=split, select=sel, logits="exact")
     chosen = res.selected
     assert chosen.numel() <= sel.budget_rows(n)
     assert bool((chosen < n - tail).all()) and torch.equal(chosen, torch.unique(chosen))
     first = as_selection(sel).parts[0]  # the first part chooses first: its sink rows are exact
     assert set(range(min(first.sink, n - tail, first.budget_rows(n), sel.budget_rows(n)))) <= set(chosen.tolist())
-    one = prefill(model, ids, maps, tail=tail, exact_rows=chosen.tolist(), mode=mode, split=split, logits="exact")
+    one = prefill_instrumented(model, ids, maps, tail=tail, exact_rows=chosen.tolist(), mode=mode, split=split, logits="exact", select=None)
     torch.testing.assert_close(res.logits, one.logits, rtol=0, atol=1e-5)
     for layer in range(CONFIGS[index][1]):
         (k, v), (k1, v1) = kv(res.cache, layer), kv(one.cache, layer)

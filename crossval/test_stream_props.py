@@ -54,3 +54,28 @@ def test_merged_moments_equal_direct_moments(p, data):
         assert float((cg - hc.T @ hc).abs().max()) <= tol
         assert float((cc - hc.T @ xc).abs().max()) <= tol
         tally.example()
+
+
+@given(ridge_problems(), st.data())
+def test_ridge_update_solves_the_merged_normal_equations(p, data):
+    """``KvaLean.ridge_update``: with ``W`` the ridge solve on the first chunk's Gram ``G`` and cross term
+    ``B`` (:func:`ridgefill.ridge.solve_ridge`), ``W + (G + ΔG + λI)⁻¹(ΔB − ΔG W)`` satisfies the normal
+    equations of the merged statistics, ``(G + ΔG + λI) W' = B + ΔB + λ W₀``, and equals the solve on them."""
+    from ridgefill.ridge import solve_ridge
+
+    lam = max(p.lam, 1e-3)
+    cut = data.draw(st.integers(0, p.n), label="rows in the first chunk")
+    h, x = p.h, p.xs[0]
+    g1, b1 = h[:cut].T @ h[:cut], h[:cut].T @ x[:cut]
+    dg, db = h[cut:].T @ h[cut:], h[cut:].T @ x[cut:]
+    eye = torch.eye(p.d, dtype=F64)
+    w = solve_ridge(g1, b1, lam)
+    a = g1 + dg + lam * eye
+    update = w + torch.linalg.solve(a, db - dg @ w)
+    rhs = b1 + db + lam * eye  # the prior is the identity
+    scale = float(a.abs().max()) * (1 + float(update.abs().max())) + float(rhs.abs().max())
+    assert float((a @ update - rhs).abs().max()) <= ROUND_C * (p.n + p.d) * EPS * scale
+    direct = solve_ridge(g1 + dg, b1 + db, lam)
+    cond = float(torch.linalg.cond(a))
+    assert float((update - direct).abs().max()) <= ROUND_C * (p.n + p.d) * EPS * cond * (1 + float(direct.abs().max()))
+    tally.example()

@@ -13,7 +13,7 @@ Only the calibration parts are shipped: the cross-domain evaluation texts (the *
 ``prepare_corpora.CODE_EVAL``) are not, so they stay disjoint from the default calibration.
 
 Each file is an xz-compressed UTF-8 JSON object ``{"name", "title", "source", "licence", "text"}``
-(see :func:`ridgefill.assets.load_technical_texts`). Output is byte-identical across runs given the
+(see :func:`ridgefill.data.texts.load_technical_texts`). Output is byte-identical across runs given the
 pinned package version (:data:`HANDBOOK_VERSION`) and interpreter version (:data:`PYTHON_VERSION`);
 other versions are refused, since they would ship different text.
 
@@ -142,12 +142,12 @@ def readme_section(records: dict[str, dict], blobs: dict[str, bytes]) -> str:
 
 # Shipped text: the technical calibration texts
 
-The default calibration set `"mix"` (`ridgefill.assets.calibration_texts()`) is three texts: the four
+The default calibration set `"mix"` (`ridgefill.data.texts.calibration_texts()`) is three texts: the four
 calibration novels above joined into one text (`"\\n\\n"` between them, in the order of
 `CALIBRATION_BOOKS`), the handbook and the standard-library source below. Calibration takes chunks
 round-robin over the three texts, so each domain gets about a third of them. `calibration_texts("novels")`
 is the earlier default (the four novels, each a text of its own). Load these two texts with
-`ridgefill.assets.load_technical_texts()`; each file is an xz-compressed UTF-8 JSON object with the keys
+`ridgefill.data.texts.load_technical_texts()`; each file is an xz-compressed UTF-8 JSON object with the keys
 `name`, `title`, `source`, `licence` and `text`.
 
 Only calibration text is shipped. The evaluation parts of the cross-domain measurement

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--debs", type=Path, default=None, help="folder holding the two .deb files (default: apt-get download)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
-    from ridgefill.assets import CALIBRATION_BOOKS, EVALUATION_BOOKS, load_texts
+    from ridgefill.data.texts import CALIBRATION_BOOKS, EVALUATION_BOOKS, load_texts
     from ridgefill.fileio import atomic_write
 
     a.out.mkdir(parents=True, exist_ok=True)

@@ -324,7 +324,7 @@ def readme(texts: dict[str, str], version: str, blob: bytes) -> str:
     return f"""# Shipped text: the six Jane Austen novels
 
 `{OUTPUT_NAME}` is an xz-compressed UTF-8 JSON object mapping each novel's
-title to its full text. Load it with `ridgefill.assets.load_texts()`.
+title to its full text. Load it with `ridgefill.data.texts.load_texts()`.
 
 ## Provenance
 
@@ -353,8 +353,8 @@ janeaustenr's `austen_books()`.
 {rows}
 | total | | {total:,} | |
 
-Calibration books (`ridgefill.assets.CALIBRATION_BOOKS`) and evaluation books
-(`ridgefill.assets.EVALUATION_BOOKS`) are disjoint.
+Calibration books (`ridgefill.data.texts.CALIBRATION_BOOKS`) and evaluation books
+(`ridgefill.data.texts.EVALUATION_BOOKS`) are disjoint.
 
 - file: `{OUTPUT_NAME}`, {len(blob):,} bytes
 - SHA-256: `{hashlib.sha256(blob).hexdigest()}`

@@ -10,7 +10,7 @@ Runs in the project's main environment (``transformers`` 5.24), not in the vLLM 
 
 and writes a JSON file: ``model_dir``, ``maps``, ``split``, ``tail``, and per prompt its token ids, the
 top-``k`` log-probabilities of the first generated token (float64 log-softmax of the last row's logits)
-and the greedy continuation. ``tests_vllm/conftest.py`` runs it once per test session.
+and the greedy continuation. ``tests_vllm/conftest.py`` runs it once per pytest run.
 
 Usage: ``python scripts/vllm_reference.py --out ref.json --maps maps.safetensors [--lengths 700,520,300]``
 """
@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 
 from ridgefill import generate_after, load_maps, prefill
-from ridgefill.assets import CALIBRATION_BOOKS, EVALUATION_BOOKS, fetch_default_model, load_model, load_texts
-from ridgefill.calibrate import calibrate
+from ridgefill.data.texts import CALIBRATION_BOOKS, EVALUATION_BOOKS, load_texts
+from ridgefill.data.models import fetch_default_model, load_model
+from ridgefill.calibration import calibrate
 from ridgefill.fileio import atomic_write
 
 

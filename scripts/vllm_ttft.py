@@ -49,10 +49,10 @@ def import_ridgefill():
     editable install of the plugin in vLLM's own processes."""
     sys.path.insert(0, str(REPO / "python"))
     try:
-        import ridgefill.assets
+        import ridgefill.data.texts
         import ridgefill.costs
 
-        return ridgefill.assets, ridgefill.costs
+        return ridgefill.data.texts, ridgefill.costs
     except Exception as e:  # said in the output: synthetic prompts, no bound
         print(f"(ridgefill unavailable: {type(e).__name__}: {e})")
         return None

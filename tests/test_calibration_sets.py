@@ -1,4 +1,4 @@
-"""The shipped calibration sets (``ridgefill.assets.calibration_texts``): the technical texts shipped for
+"""The shipped calibration sets (``ridgefill.data.texts.calibration_texts``): the technical texts shipped for
 the default ``"mix"``, their disjointness from evaluation text, the mix's chunk shares, ``--calib-set``,
 the maps reuse that depends on the calibration text, and the overlap refusal with mix maps. Commands run
 on a tiny random model saved as a local Hugging Face directory (byte-level tokenizer)."""
@@ -14,13 +14,16 @@ import pytest
 import torch
 
 from conftest import script_module
-from ridgefill import assets
-from ridgefill.calibrate import calibrate, calibration_plan, text_hash
+from ridgefill import defaults
+from ridgefill.data import models, texts as shipped
+from ridgefill.calibration import calibrate, calibration_plan
+from ridgefill.data.texts import text_hash
 from ridgefill.cli import main
 from ridgefill.errors import InputError, OverlapError
 from ridgefill.maps import RidgeMaps, load_maps
-from ridgefill.overlap import calibration_label, check_disjoint, fingerprint, maps_fingerprint
-from ridgefill.run import RunConfig, calibration_mismatch, check_evaluation_text, evaluation_plan, run
+from ridgefill.data.overlap import calibration_label, check_disjoint, fingerprint
+from ridgefill.evaluate.main_job import maps_fingerprint
+from ridgefill.evaluate.main_job import RunConfig, calibration_mismatch, check_evaluation_text, evaluation_plan, run
 from evaluate_helpers import ByteTokenizer, save_byte_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,7 +51,7 @@ def _word_ids(texts: dict[str, str]) -> dict[str, np.ndarray]:
 # the shipped files
 
 def test_shipped_technical_texts_load_with_their_provenance():
-    texts = assets.load_technical_texts()
+    texts = shipped.load_technical_texts()
     assert list(texts) == ["handbook", "stdlib"]
     assert {k: _sha(t) for k, t in texts.items()} == {k: SHA[k] for k in ("handbook", "stdlib")}
     assert len(texts["handbook"]) == 1_140_593 and len(texts["stdlib"]) == 822_748
@@ -57,14 +60,14 @@ def test_shipped_technical_texts_load_with_their_provenance():
     headers = re.findall(r"^# file: (\S+)$", texts["stdlib"], flags=re.M)
     assert headers == ["argparse.py", "dataclasses.py", "difflib.py", "functools.py", "inspect.py", "pathlib.py",
                        "shutil.py", "subprocess.py", "tarfile.py", "typing.py"]
-    info = assets.technical_text_info("handbook")
+    info = shipped.technical_text_info("handbook")
     assert info["source"].startswith("Debian package debian-handbook 11.20220922")
     assert info["licence"].startswith("CC-BY-SA-3.0; *The Debian Administrator's Handbook*")
     assert "Raphaël Hertzog and Roland Mas" in info["licence"]
-    info = assets.technical_text_info("stdlib")
+    info = shipped.technical_text_info("stdlib")
     assert info["title"] == "Python 3.11.7 standard library modules" and info["licence"].startswith("PSF-2.0; Copyright")
-    with pytest.raises(assets.AssetError, match="no shipped technical text 'other'"):
-        assets.technical_text_info("other")
+    with pytest.raises(models.AssetError, match="no shipped technical text 'other'"):
+        shipped.technical_text_info("other")
 
 
 def test_data_readme_records_the_shipped_files_and_both_scripts_own_their_part():
@@ -88,11 +91,11 @@ def test_shipped_calibration_text_is_disjoint_from_evaluation_text():
     """No 32-word run of any calibration text of either set appears in the evaluation novels or in the
     cross-domain code evaluation modules (the interpreter's own sources; the Debian Reference is not
     shipped and is checked by scripts/cross_domain.py)."""
-    books = assets.load_texts()
+    books = shipped.load_texts()
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    evaluation = {k: books[k] for k in assets.EVALUATION_BOOKS}
+    evaluation = {k: books[k] for k in shipped.EVALUATION_BOOKS}
     evaluation.update({m: (stdlib / m).read_text(encoding="utf-8") for m in CODE_EVAL})
-    calib = {**assets.calibration_texts("mix"), **assets.calibration_texts("novels")}
+    calib = {**shipped.calibration_texts("mix"), **shipped.calibration_texts("novels")}
     ids = _word_ids({**{f"calib {k}": t for k, t in calib.items()}, **{f"eval {k}": t for k, t in evaluation.items()}})
     fp = fingerprint([v for k, v in ids.items() if k.startswith("calib ")], sample=1)
     assert fp.hashes.size == 814_836  # every 32-word window of the novels, the handbook and the stdlib text
@@ -109,14 +112,14 @@ def test_shipped_calibration_text_is_disjoint_from_evaluation_text():
 # the sets
 
 def test_calibration_sets_and_the_mix_gives_each_domain_a_third_of_the_chunks():
-    mix, novels = assets.calibration_texts(), assets.calibration_texts("novels")
-    assert assets.DEFAULT_CALIBRATION_SET == "mix" and assets.CALIBRATION_SETS == ("mix", "novels")
+    mix, novels = shipped.calibration_texts(), shipped.calibration_texts("novels")
+    assert shipped.DEFAULT_CALIBRATION_SET == "mix" and shipped.CALIBRATION_SETS == ("mix", "novels")
     assert {k: _sha(t) for k, t in mix.items()} == SHA
-    books = assets.load_texts()
-    assert mix["novels"] == "\n\n".join(books[k] for k in assets.CALIBRATION_BOOKS)
-    assert novels == {k: books[k] for k in assets.CALIBRATION_BOOKS}
+    books = shipped.load_texts()
+    assert mix["novels"] == "\n\n".join(books[k] for k in shipped.CALIBRATION_BOOKS)
+    assert novels == {k: books[k] for k in shipped.CALIBRATION_BOOKS}
     with pytest.raises(InputError, match="unknown calibration set 'code': use one of mix, novels"):
-        assets.calibration_texts("code")
+        shipped.calibration_texts("code")
     # the default budget (65,536 tokens in chunks of 1,024): 22 / 21 / 21 chunks, interleaved
     chunks, recs = calibration_plan(ByteTokenizer(), mix, 65536, 1024)
     assert len(chunks) == 64 and [r["name"] for r in recs] == ["novels", "handbook", "stdlib"]
@@ -139,12 +142,26 @@ def work(tmp_path_factory):
     return root, model, tok
 
 
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """The command line calibrates in chunks of :data:`ridgefill.defaults.CHUNK` tokens: 128 here, for speed."""
+    monkeypatch.setattr(defaults, "CHUNK", 128)
+
+
 def _calibrate(root, out, *extra):
-    return main(["calibrate", "--model", str(root / "model"), "--split", "2", "--tokens", "1024", "--chunk", "128",
-                 "--out", str(out), *extra])
+    return main(["calibrate", "--model", str(root / "model"), "--split", "2", "--tokens", "1024", "--out", str(out),
+                 *extra])
 
 
-def test_calibrate_default_is_the_mix_and_calib_set_novels_reproduces_the_old_record(work, capsys):
+def _calibrate_novels(root, model, tok):
+    """Maps fitted on the shipped 'novels' set (Python API; the command line calibrates on the mix or --text)."""
+    maps = calibrate(model, tok, shipped.calibration_texts("novels"), split=2, tokens=1024, chunk=128, lam="auto",
+                     progress=False, context=1)
+    maps.save(root / "novels.safetensors")
+    return maps
+
+
+def test_calibrate_default_is_the_mix_and_the_novels_set_reproduces_the_old_record(work, capsys, small_chunks):
     root, model, tok = work
     assert _calibrate(root, root / "mix.safetensors") == 0
     printed = capsys.readouterr().out
@@ -152,25 +169,21 @@ def test_calibrate_default_is_the_mix_and_calib_set_novels_reproduces_the_old_re
             "The Debian Administrator's Handbook; Python 3.11.7 standard library modules)") in printed
     meta = load_maps(root / "mix.safetensors").meta
     assert [(r["name"], r["sha256"]) for r in meta["calibration_texts"]] == [(k, SHA[k]) for k in SHA]
-    assert meta["text_sha256"] == text_hash(list(assets.calibration_texts("mix").values()))
-    assert assets.calibration_set_of(meta) == "mix"
+    assert meta["text_sha256"] == text_hash(list(shipped.calibration_texts("mix").values()))
+    assert shipped.calibration_set_of(meta) == "mix"
 
-    assert _calibrate(root, root / "novels.safetensors", "--calib-set", "novels") == 0
-    assert "calibrated on: the shipped 'novels' set: Emma 256, Mansfield Park 256, Pride & Prejudice 256, Sense & " \
-           "Sensibility 256 tokens" in capsys.readouterr().out
+    _calibrate_novels(root, model, tok)
     got = load_maps(root / "novels.safetensors")
-    books = assets.load_texts()
-    old = calibrate(model, tok, {k: books[k] for k in assets.CALIBRATION_BOOKS}, split=2, tokens=1024, chunk=128,
+    assert calibration_label(got.meta).startswith("the shipped 'novels' set: Emma 256, Mansfield Park 256, Pride & "
+                                                  "Prejudice 256, Sense & Sensibility 256 tokens")
+    books = shipped.load_texts()
+    old = calibrate(model, tok, {k: books[k] for k in shipped.CALIBRATION_BOOKS}, split=2, tokens=1024, chunk=128,
                     lam="auto", progress=False, context=1)  # what the default calibrated on before the mix
     for key in ("calibration_texts", "calibration_fingerprint", "text_sha256", "calibration_tokens"):
         assert got.meta[key] == old.meta[key], key
-    assert got.meta["text_sha256"] == text_hash([books[k] for k in assets.CALIBRATION_BOOKS])
+    assert got.meta["text_sha256"] == text_hash([books[k] for k in shipped.CALIBRATION_BOOKS])
     assert torch.equal(got.weights, old.weights)
-    assert assets.calibration_set_of(got.meta) == "novels" and assets.calibration_set_of({"text_sha256": "0" * 64}) is None
-    # --text and --calib-set together: refused before the model is loaded
-    (root / "t.txt").write_text("some text " * 100)
-    assert _calibrate(root, root / "x.safetensors", "--calib-set", "mix", "--text", str(root / "t.txt")) == 2
-    assert "give --text or --calib-set, not both" in capsys.readouterr().err
+    assert shipped.calibration_set_of(got.meta) == "novels" and shipped.calibration_set_of({"text_sha256": "0" * 64}) is None
 
 
 def _cfg(root, **kw):
@@ -180,9 +193,9 @@ def _cfg(root, **kw):
 
 
 def test_run_does_not_reuse_maps_of_another_calibration_set(work, capsys):
-    root, _, _ = work
+    root, model, tok = work
     if not (root / "novels.safetensors").exists():
-        assert _calibrate(root, root / "novels.safetensors", "--calib-set", "novels") == 0
+        _calibrate_novels(root, model, tok)
     out = root / "run"
     out.mkdir(exist_ok=True)
     (out / "maps-S2.safetensors").write_bytes((root / "novels.safetensors").read_bytes())
@@ -194,7 +207,7 @@ def test_run_does_not_reuse_maps_of_another_calibration_set(work, capsys):
             "'novels' set: Emma 256,") in printed
     assert "not on the shipped 'mix' calibration set (--calib-set)); calibrating anew" in printed
     assert rep["calibration_set"] == "mix" and rep["calibrated_on"].startswith("the shipped 'mix' set: novels 384")
-    assert assets.calibration_set_of(load_maps(out / "maps-S2.safetensors").meta) == "mix"
+    assert shipped.calibration_set_of(load_maps(out / "maps-S2.safetensors").meta) == "mix"
     rep = run(_cfg(root, out=str(out)), progress=False)  # now they fit: reused
     assert "calibrating anew" not in capsys.readouterr().out and rep["calibration_set"] == "mix"
     rep = run(_cfg(root, out=str(out), calib_set="novels"), progress=False)  # and back
@@ -272,13 +285,13 @@ def test_overlap_with_the_mix_is_refused(work):
     one, from the rebuilt chunks; the evaluation novels pass."""
     root, _, tok = work
     maps = load_maps(root / "mix.safetensors")
-    handbook = assets.load_technical_texts()["handbook"]
-    books = assets.load_texts()
+    handbook = shipped.load_technical_texts()["handbook"]
+    books = shipped.load_texts()
     docs, labels = evaluation_plan(tok, {"notes.txt": "Some notes of mine. " * 5 + handbook[:300]}, 1, 199)
     with pytest.raises(OverlapError, match=r"evaluation document 1 \('notes.txt', tokens 0-200\) overlaps the "
                                            r"calibration text \(the shipped 'mix' set: novels 384"):
         check_evaluation_text(maps, tok, docs, labels, {}, user_text=True)
-    ok_docs, ok_labels = evaluation_plan(tok, {k: books[k] for k in assets.EVALUATION_BOOKS}, 2, 199)
+    ok_docs, ok_labels = evaluation_plan(tok, {k: books[k] for k in shipped.EVALUATION_BOOKS}, 2, 199)
     check_evaluation_text(maps, tok, ok_docs, ok_labels, {}, user_text=True)
     with pytest.raises(OverlapError, match="needle haystack text 'hay' overlaps"):
         check_evaluation_text(maps, tok, ok_docs, ok_labels, {"hay": handbook[:1000]}, user_text=True)

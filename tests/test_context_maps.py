@@ -3,7 +3,7 @@
 Checked here: the features (shift, zeros before row 0, causality), the fill path with oracle context maps
 (the exact cache, on the batched and the per-layer path, and a map reading the wrong block fails), the
 calibration against a float64 ridge solved from the raw activations, the maps file round trip, the
-certificate, the cost model and the errors (refit, bad context, shapes that do not fit).
+certificate, the cost model and the errors (bad context, shapes that do not fit).
 """
 
 import pytest
@@ -11,8 +11,9 @@ import torch
 from conftest import oracle_context_maps, reference, tiny_llama
 
 from ridgefill import RidgeMaps, load_maps, prefill
+from ridgefill.fill import prefill_instrumented
 from ridgefill.adapters import adapter_for
-from ridgefill.calibrate import calibrate
+from ridgefill.calibration import calibrate
 from ridgefill.certify import as_solved, certify_maps, check_certificate, layer_certificate, read_certificate
 from ridgefill.costs import ModelShape, fill_cost, ideal_ratio
 from ridgefill.errors import InputError, MapsFormatError, MapsMismatchError
@@ -60,13 +61,13 @@ def test_context_features_shift_rows_and_pad_row_zero():
 @pytest.mark.parametrize("fast", [True, False])
 def test_oracle_context_maps_give_the_exact_cache(model, fast):
     ids = torch.randint(0, 101, (1, 40), generator=torch.Generator().manual_seed(5))
-    ex = prefill(model, ids, mode="exact", tail=4)
-    got = prefill(model, ids, oracle_context_maps(model, ids, S), tail=4, fast=fast, logits="exact")
+    ex = prefill(model, ids, mode="exact", tail=4, select=None)
+    got = prefill_instrumented(model, ids, oracle_context_maps(model, ids, S), tail=4, fast=fast, logits="exact", select=None)
     for layer in range(model.config.num_hidden_layers):
         torch.testing.assert_close(got.cache.layers[layer].keys, ex.cache.layers[layer].keys, atol=5e-5, rtol=0)
         torch.testing.assert_close(got.cache.layers[layer].values, ex.cache.layers[layer].values, atol=5e-5, rtol=0)
     torch.testing.assert_close(got.logits[:, -1:], ex.logits, atol=5e-5, rtol=0)
-    wrong = prefill(model, ids, oracle_context_maps(model, ids, S, swap=True), tail=4, fast=fast)
+    wrong = prefill_instrumented(model, ids, oracle_context_maps(model, ids, S, swap=True), tail=4, fast=fast, select=None)
     late = model.config.num_hidden_layers - 1
     assert (wrong.cache.layers[late].keys - ex.cache.layers[late].keys).abs().max() > 1e-2
 
@@ -89,7 +90,7 @@ def test_calibrated_context_maps_match_a_float64_ridge(model, ctx_maps, ctx_maps
     assert ctx_maps.context == 1 and ctx_maps.meta["context"] == 1
     assert ctx_maps.weights.shape == (late, 2 * d, d) and ctx_maps.mean_h.shape == (d,)
     assert ctx_maps.cov_h.shape == (d, d)
-    from ridgefill.calibrate import calibration_chunks
+    from ridgefill.calibration import calibration_chunks
 
     feats, xs = [], []
     for c in calibration_chunks(CharTokenizer(), [TEXT], 1024, 128):
@@ -125,7 +126,7 @@ def test_context_maps_file_round_trip_and_certificate(tmp_path, model, ctx_maps,
     assert torch.equal(back.weights, ctx_maps.weights)
     back.check_model(model, S)
     ids = torch.randint(0, 101, (1, 30), generator=torch.Generator().manual_seed(2))
-    a, b = prefill(model, ids, ctx_maps, tail=3), prefill(model, ids, back, tail=3)
+    a, b = prefill(model, ids, ctx_maps, tail=3, select=None), prefill(model, ids, back, tail=3, select=None)
     assert torch.equal(a.logits, b.logits)
     solved, weights = as_solved(back.stats, back)  # the one-λ ridge on [h(t), h(t−1)/2] (α = 4)
     assert torch.equal(weights[0, :model.config.hidden_size], back.weights[0, :model.config.hidden_size].double())
@@ -160,15 +161,34 @@ def test_context_maps_file_round_trip_and_certificate(tmp_path, model, ctx_maps,
         plain.check_model(model, S)
 
 
-def test_context_maps_refuse_refit_and_fill_all_modes(model, ctx_maps):
+def test_context_maps_fill_all_modes(model, ctx_maps):
+    """The ridge fill writes each filled row's K/V from x̂ = [h_S(t), h_S(t−1)] W_l + b_l through the layer's
+    own norm, K/V projections and RoPE; centred, identity and none read h_S alone, so they equal the same
+    modes with plain maps fitted on the same text; a tail covering the prompt is the exact prefill."""
+    from ridgefill.maps import predict_inputs
+
     ids = torch.randint(0, 101, (1, 30), generator=torch.Generator().manual_seed(4))
-    with pytest.raises(InputError, match="context maps"):
-        prefill(model, ids, ctx_maps, tail=3, refit=1.0)
-    ex = prefill(model, ids, mode="exact", tail=3)
-    for mode in ("ridge", "centred", "identity", "none"):  # centred and identity read h_S alone
-        res = prefill(model, ids, ctx_maps, tail=3, mode=mode)
-        assert res.logits.shape == ex.logits.shape and torch.isfinite(res.logits).all()
-    whole = prefill(model, ids, ctx_maps, tail=30)  # every row exact: the maps are never used
+    plain = calibrate(model, CharTokenizer(), [TEXT], split=S, tokens=1024, chunk=128, progress=False, context=0)
+    for mode in ("centred", "identity", "none"):
+        a = prefill(model, ids, ctx_maps, tail=3, mode=mode, select=None)
+        b = prefill(model, ids, plain, tail=3, mode=mode, select=None)
+        torch.testing.assert_close(a.logits, b.logits, atol=0, rtol=0)
+        for layer in range(model.config.num_hidden_layers):
+            torch.testing.assert_close(a.cache.layers[layer].keys, b.cache.layers[layer].keys, atol=0, rtol=0)
+    res = prefill(model, ids, ctx_maps, tail=3, select=None)
+    ad = adapter_for(model)
+    with torch.no_grad():
+        h_split = model(ids, output_hidden_states=True).hidden_states[S + 1]  # the input of layer S + 1
+        filled = torch.arange(ids.shape[1] - 3)
+        feats = context_features(h_split, 1)[:, filled]
+        rope = ad.rope(filled, h_split)
+        for i, layer in enumerate(range(S + 1, model.config.num_hidden_layers)):
+            k, v = ad.kv(layer, predict_inputs(feats, ctx_maps.weights[i], ctx_maps.biases[i]), rope)
+            torch.testing.assert_close(res.cache.layers[layer].keys[:, :, filled], k, atol=2e-5, rtol=0)
+            torch.testing.assert_close(res.cache.layers[layer].values[:, :, filled], v, atol=2e-5, rtol=0)
+    assert (res.logits - prefill(model, ids, ctx_maps, tail=3, mode="identity", select=None).logits).abs().max() > 1e-4
+    ex = prefill(model, ids, mode="exact", tail=3, select=None)
+    whole = prefill(model, ids, ctx_maps, tail=30, select=None)  # every row exact: the maps are never used
     torch.testing.assert_close(whole.logits, ex.logits, atol=2e-5, rtol=0)
 
 
@@ -186,8 +206,8 @@ def test_cost_model_counts_the_wider_map():
 def test_fill_kv_batched_path_reads_the_context_features(model, ctx_maps):
     """The batched fast path (one matmul over layers) and the per-layer path agree for [2d, d] maps."""
     ids = torch.randint(0, 101, (2, 50), generator=torch.Generator().manual_seed(6))
-    a = prefill(model, ids, ctx_maps, tail=5, fast=True)
-    b = prefill(model, ids, ctx_maps, tail=5, fast=False)
+    a = prefill_instrumented(model, ids, ctx_maps, tail=5, fast=True, select=None)
+    b = prefill_instrumented(model, ids, ctx_maps, tail=5, fast=False, select=None)
     for layer in range(model.config.num_hidden_layers):
         torch.testing.assert_close(a.cache.layers[layer].keys, b.cache.layers[layer].keys, atol=2e-5, rtol=0)
     ad = adapter_for(model)
@@ -210,7 +230,7 @@ def test_kv_context_maps_with_held_out_chunks_round_trip(tmp_path, model):
     back = load_maps(tmp_path / "kv.safetensors")
     assert back.kind == "kv" and back.context == 1 and torch.equal(back.weights, kv.weights)
     ids = torch.randint(0, 101, (1, 30), generator=torch.Generator().manual_seed(8))
-    assert torch.equal(prefill(model, ids, back, tail=3).logits, prefill(model, ids, kv, tail=3).logits)
+    assert torch.equal(prefill(model, ids, back, tail=3, select=None).logits, prefill(model, ids, kv, tail=3, select=None).logits)
 
 
 def test_context_penalty_weighs_the_previous_row_block():
@@ -258,7 +278,7 @@ def test_context_penalty_weighs_the_previous_row_block():
 
 
 def test_calibrate_records_the_context_penalty_and_refuses_it_without_context(model, tmp_path):
-    from ridgefill.calibrate import CONTEXT_PENALTY, resolve_context_penalty
+    from ridgefill.calibration import CONTEXT_PENALTY, resolve_context_penalty
 
     assert resolve_context_penalty(1, None) == CONTEXT_PENALTY == 1.0 and resolve_context_penalty(0, None) == 1.0
     assert resolve_context_penalty(1, 2) == 2.0 and resolve_context_penalty(0, 1) == 1.0
@@ -267,7 +287,7 @@ def test_calibrate_records_the_context_penalty_and_refuses_it_without_context(mo
                   context_penalty=4)
     with pytest.raises(InputError, match="context penalty"):
         resolve_context_penalty(1, 0)
-    plain = calibrate(model, CharTokenizer(), [TEXT], split=S, tokens=256, chunk=128, progress=False, lam=1.0)
+    plain = calibrate(model, CharTokenizer(), [TEXT], split=S, tokens=256, chunk=128, progress=False, lam=1.0, context=0)
     assert "context_penalty" not in plain.meta and plain.context_penalty == 1.0
     bad = RidgeMaps(S, plain.weights, plain.biases, plain.lambdas, dict(plain.meta, context_penalty=4.0))
     with pytest.raises(InputError, match="without context"):

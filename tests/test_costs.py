@@ -94,20 +94,6 @@ def test_rows_chosen_up_front_cost_one_pass():
         fill_cost(SMALL, n, split, tail, selected=chosen, rounds=-1)
 
 
-@pytest.mark.parametrize("chosen,rounds", [([], 1), ([0, 3, 4, 9], 1), ([1, 2], 2), ([0, 3], 0)])
-def test_refit_cost_counts_the_first_pass_solves(chosen, rounds):
-    """``refit=True``: the first pass, with ``E`` exact rows, adds ``2·E·d²`` (their Gram) and per late layer
-    ``4·E·d²`` and ``8·d³/3`` (residuals, cross term, factorisation and solve); later passes add nothing."""
-    n, split, tail, d = 20, 1, 6, SMALL.hidden
-    late, k = SMALL.layers - split - 1, len(chosen)
-    plain = fill_cost(SMALL, n, split, tail, selected=chosen, rounds=rounds).flops
-    e = tail + (k if rounds == 0 else 0)  # rows chosen up front are exact in the one pass
-    solves = 2 * e * d * d + late * (4 * e * d * d + 8 * d ** 3 // 3)
-    assert fill_cost(SMALL, n, split, tail, selected=chosen, rounds=rounds, refit=True).flops == plain + solves
-    assert ideal_ratio(SMALL, n, split, tail, selected=chosen, rounds=rounds, refit=True) < \
-        ideal_ratio(SMALL, n, split, tail, selected=chosen, rounds=rounds)
-
-
 def test_tail_covering_the_prompt_costs_what_exact_costs():
     for n in (1, 10, 100):
         assert fill_cost(SMALL, n, 1, n).flops == exact_cost(SMALL, n).flops
@@ -149,7 +135,7 @@ def test_cost_model_counts_the_matmuls_the_code_runs(mode):
     ids = torch.randint(0, 101, (1, n), generator=torch.Generator().manual_seed(0))
     maps = timing_maps(model, split) if mode == "ridge" else None
     with FlopCounterMode(display=False) as counter:
-        prefill(model, ids, maps, tail=tail, mode=mode, split=split)
+        prefill(model, ids, maps, tail=tail, mode=mode, split=split, select=None)
     counted = sum(counter.get_flop_counts()["Global"].values())
     shape = ModelShape.from_config(model.config)
     cost = exact_cost(shape, n) if mode == "exact" else fill_cost(shape, n, split, tail, maps=mode == "ridge")
@@ -239,7 +225,7 @@ def test_bench_with_row_selection(capsys):
     assert r["sel_ideal"] < r["ideal"]  # the chosen rows and the second pass cost FLOPs
     assert r["sel_measured_over_ideal"] == pytest.approx(r["sel_ratio"] / r["sel_ideal"])
     assert main(["bench", "--model", "tiny-random", "--lengths", "64", "--split", "1", "--tail", "8", "--repeats",
-                 "1", "--warmup", "0", "--select", "budget=4"]) == 0
+                 "1", "--select", "on,budget=0.1"]) == 0
     printed = capsys.readouterr()
     assert "with row selection" in printed.out
     # one progress line per timed round, with every prefill's seconds (a long length shows where it is)
@@ -253,26 +239,9 @@ def test_bench_with_row_selection(capsys):
     assert r["sel_rows"] == 8 and r["sel_ideal"] < r["ideal"]
 
 
-def test_bench_with_refit(capsys):
-    from ridgefill.select import Select
-
-    cfg = BenchConfig(model="tiny-random", lengths=(96,), split=2, tail=16, repeats=2, warmup=0, refit=4.0,
-                      select=Select(budget=8, before=1, after=2), context=0)
-    with pytest.raises(InputError, match="--context 0"):  # the refit refits maps that read h_S alone
-        bench(dataclasses.replace(cfg, context=1), progress=False)
-    r = bench(cfg, progress=False)["rows"][0]
-    assert r["refit"] == 4.0 and len(r["refit_s_all"]) == 2 and r["refit_ratio"] > 0
-    assert r["refit_ideal"] < r["ideal"]  # the solves cost FLOPs
-    assert r["sel_ideal"] < r["refit_ideal"]  # selection with the refit: chosen rows, second pass, rewrite
-    assert r["refit_measured_over_ideal"] == pytest.approx(r["refit_ratio"] / r["refit_ideal"])
-    assert main(["bench", "--model", "tiny-random", "--lengths", "64", "--split", "1", "--tail", "8", "--repeats",
-                 "1", "--warmup", "0", "--refit", "4", "--context", "0"]) == 0
-    assert "refitted on the exact rows" in capsys.readouterr().out
-
-
 def test_bench_command_line(capsys):
     code = main(["bench", "--model", "tiny-random", "--lengths", "48", "--split", "1", "--tail", "8",
-                 "--repeats", "1", "--warmup", "0"])
+                 "--repeats", "1", "--select", "off"])
     out = capsys.readouterr().out
     assert code == 0
     assert "ideal" in out and "     48" in out
@@ -283,11 +252,10 @@ def test_bench_command_line(capsys):
     (["--split", "9"], "split"),
     (["--lengths", "8k"], "context"),
     (["--repeats", "0"], "repeats"),
-    (["--calibration", "--calib-lengths", "100"], "multiples of the chunk"),
+    (["--select", "budget=4"], "use one of on, prompt, off"),
 ])
 def test_bench_bad_input_is_a_clear_error(capsys, args, message):
-    base = ["bench", "--model", "tiny-random", "--lengths", "32", "--tail", "4", "--split", "1", "--warmup", "0",
-            "--repeats", "1"]
+    base = ["bench", "--model", "tiny-random", "--lengths", "32", "--tail", "4", "--split", "1", "--repeats", "1"]
     code = main(base + args)
     err = capsys.readouterr().err
     assert code == 2

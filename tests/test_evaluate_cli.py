@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ridgefill.assets import calibration_texts
-from ridgefill.calibrate import calibrate
+from ridgefill.data.texts import calibration_texts
+from ridgefill.calibration import calibrate
 from ridgefill.cli import main
 from evaluate_helpers import save_byte_model
 
@@ -29,16 +29,6 @@ def _run(workdir, *args):
 
 LOSS = ["--docs", "2", "--novel-docs", "2", "--doc-tokens", "200", "--tail", "32", "--window", "8", "--tau", "0.5",
         "--resamples", "200"]
-
-
-def test_eval_refit_refuses_short_documents_and_runs_without_ridge(workdir, capsys):
-    """--refit fits on the --tail rows before the scored tail: documents too short for that block, or no ridge
-    system to refit, are refused with the fix named."""
-    assert _run(workdir, "eval", "loss", "--splits", "2", "--modes", "ridge", "--refit", "4", "--docs", "1",
-                "--novel-docs", "0", "--doc-tokens", "40", "--tail", "32") == 2
-    assert "--doc-tokens must be at least 2·tail + 1 = 65" in capsys.readouterr().err
-    assert _run(workdir, "eval", "loss", "--splits", "2", "--modes", "identity", "--refit", "4", *LOSS) == 2
-    assert "--refit refits the ridge maps: include ridge in --modes" in capsys.readouterr().err
 
 
 def test_eval_commands_and_report(workdir, capsys):
@@ -88,27 +78,6 @@ def test_eval_commands_and_report(workdir, capsys):
     assert {r["system"] for r in alone["scores"]} == {"2/ridge+sel"} and alone["modes"] == []
     assert [t["results"]["2/ridge+sel"] for t in alone["trials"]] == [t["results"]["2/ridge+sel"] for t in both["trials"]]
     assert [t["answer"] for t in alone["trials"]] == [t["answer"] for t in both["trials"]]
-
-    # --refit: every ridge system again with the maps refitted on the exact rows; it refits maps from h_S
-    # alone (--context 0): the default context maps are refused with a message naming the fix
-    before = (out / "maps-S2.safetensors").stat().st_mtime_ns
-    assert _run(workdir, "eval", "loss", "--splits", "2", "--modes", "ridge", "--select", "budget=8", "--refit", "4",
-                "--json", str(out / "loss-refit.json"), *LOSS) == 2
-    assert "--context 0" in capsys.readouterr().err
-    assert (out / "maps-S2.safetensors").stat().st_mtime_ns == before  # refused before any maps were fitted
-    assert _run(workdir, "eval", "loss", "--splits", "2", "--modes", "ridge", "--select", "budget=8", "--refit", "4",
-                "--context", "0", "--json", str(out / "loss-refit.json"), *LOSS) == 0
-    refit = json.loads((out / "loss-refit.json").read_text())
-    assert {r["variant"] for r in refit["summary"]} == {"2/ridge", "2/ridge+sel", "2/ridge+block", "2/ridge+refit",
-                                                         "2/ridge+sel+block", "2/ridge+sel+refit"}
-    assert refit["refit"] == 4.0
-    docs = refit["documents"]
-    assert all(d["fill"]["2/ridge+refit"] != d["fill"]["2/ridge+block"] for d in docs)  # the refit changes the fill
-    assert all(d["fill"]["2/ridge+block"] != d["fill"]["2/ridge"] for d in docs)  # and so do the block's exact rows
-    assert _run(workdir, "eval", "needle", *args[:-2], "--modes", "ridge", "--refit", "4", "--context", "0", "--json",
-                str(out / "needle-refit.json")) == 0
-    assert {r["system"] for r in json.loads((out / "needle-refit.json").read_text())["scores"]} == {
-        "2/ridge", "2/ridge+sel", "2/ridge+refit", "2/ridge+sel+refit"}
 
     assert _run(workdir, "eval", "depth", "--depths", "1/3,1/2", "--needle-length", "1500", "--needle-trials", "1",
                 "--needle-tail", "200", *LOSS) == 0

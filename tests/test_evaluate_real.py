@@ -4,7 +4,8 @@ fill reproduces the exact NLL."""
 
 import torch
 
-from ridgefill.assets import EVALUATION_BOOKS, load_model, load_texts
+from ridgefill.data.texts import EVALUATION_BOOKS, load_texts
+from ridgefill.data.models import load_model
 from ridgefill.evaluate.loss import tail_nll
 from ridgefill.evaluate.needles import answer_case, case_rng, haystack_sentences, make_case, score_answer
 from ridgefill.evaluate.splice import exact_kv, splice_hook

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from ridgefill import InputError, prefill
+from ridgefill.fill import prefill_instrumented
 from ridgefill.evaluate.loss import score_documents, summarise, tail_nll
 from ridgefill.evaluate.splice import COMPONENTS, exact_kv, splice_hook, splice_variants
 from conftest import tiny_llama
@@ -43,7 +44,7 @@ def test_hook_sees_filled_rows_and_replaces_them(setup):
         calls.append((layer, filled.tolist(), tuple(k.shape)))
         return torch.zeros_like(k), v
 
-    out = prefill(model, ids, tail=TAIL, exact_rows=[5, 20], mode="identity", split=S, kv_hook=hook)
+    out = prefill_instrumented(model, ids, tail=TAIL, exact_rows=[5, 20], mode="identity", split=S, kv_hook=hook, select=None)
     n = ids.shape[1]
     filled = [p for p in range(n - TAIL) if p not in (5, 20)]
     assert [c[0] for c in calls] == list(range(S + 1, 6))
@@ -52,7 +53,7 @@ def test_hook_sees_filled_rows_and_replaces_them(setup):
     assert k[:, :, filled].abs().max() == 0 and k[:, :, [5, 20]].abs().min() > 0  # exact rows untouched
     # no hook in mode none (no filled K/V) or exact
     calls.clear()
-    prefill(model, ids, tail=TAIL, mode="none", split=S, kv_hook=hook)
+    prefill_instrumented(model, ids, tail=TAIL, mode="none", split=S, kv_hook=hook, select=None)
     assert calls == []
 
 

@@ -10,12 +10,23 @@ import numpy as np
 import pytest
 import torch
 from ridgefill import generate_after, prefill
+from ridgefill.fill import prefill_instrumented
 from ridgefill.adapters import (MistralAdapter, Phi3Adapter, Qwen2Adapter, Qwen3Adapter, adapter_for,
                                 supported_model_types)
 from transformers import (DynamicCache, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from conftest import oracle_maps, reference
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _own_model_cache(tmp_path_factory):
+    """The tiny GGUFs here are converted into cached copies (ridgefill.data.models.gguf_copy): keep those out
+    of the user's cache. No test here uses the bundled model."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RIDGEFILL_CACHE", str(tmp_path_factory.mktemp("model-cache")))
+    yield
+    mp.undo()
 
 VOCAB, HIDDEN, LAYERS, WINDOW, N = 101, 64, 5, 8, 40
 S = 1  # split: layers 0-1 exact, 2-4 late
@@ -128,7 +139,7 @@ def test_layer_by_layer_equals_transformers(name, ids):
 def test_exact_mode_equals_transformers_forward(name, ids):
     model = build(name)
     out = reference(model, ids)
-    res = prefill(model, ids, tail=N, mode="exact", logits="exact")
+    res = prefill_instrumented(model, ids, tail=N, mode="exact", logits="exact", select=None)
     assert torch.equal(res.logits, out.logits)
     for layer in range(LAYERS):
         (a, b), (c, d) = kv(res.cache, layer), kv(out.cache, layer)
@@ -140,9 +151,9 @@ def test_exact_mode_equals_transformers_forward(name, ids):
 @pytest.mark.parametrize("mode", ["identity", "none", "ridge"])
 def test_tail_whole_prompt_equals_exact(name, ids, mode):
     model = build(name)
-    exact = prefill(model, ids, tail=N, mode="exact", logits="exact")
+    exact = prefill_instrumented(model, ids, tail=N, mode="exact", logits="exact", select=None)
     maps = oracle_maps(model, ids[:1], S) if mode == "ridge" else None
-    res = prefill(model, ids, maps, tail=N, mode=mode, split=S, logits="exact")
+    res = prefill_instrumented(model, ids, maps, tail=N, mode=mode, split=S, logits="exact", select=None)
     torch.testing.assert_close(res.logits, exact.logits, rtol=0, atol=1e-5)
     assert_cache_close(res.cache, exact.cache, atol=1e-5)
 
@@ -154,9 +165,9 @@ def test_oracle_fill_equals_exact_prefill(name, ids):
     model = build(name)
     one = ids[:1]
     maps = oracle_maps(model, one, S)
-    exact = prefill(model, one, tail=N, mode="exact", logits="exact")
+    exact = prefill_instrumented(model, one, tail=N, mode="exact", logits="exact", select=None)
     for fast in (True, False):
-        res = prefill(model, one, maps, tail=5, exact_rows=[11, 20], mode="ridge", logits="exact", fast=fast)
+        res = prefill_instrumented(model, one, maps, tail=5, exact_rows=[11, 20], mode="ridge", logits="exact", fast=fast, select=None)
         torch.testing.assert_close(res.logits, exact.logits[:, res.exact_positions], rtol=0, atol=1e-5)
         assert_cache_close(res.cache, exact.cache, atol=1e-5)
 
@@ -169,11 +180,11 @@ def test_fill_kv_equals_per_layer_path(name, ids):
     maps = oracle_maps(model, ids[:1], S)
     for m in (maps, None):
         mode = "ridge" if m is not None else "identity"
-        fast = prefill(model, ids, m, tail=4, mode=mode, split=S, logits="exact", fast=True)
-        slow = prefill(model, ids, m, tail=4, mode=mode, split=S, logits="exact", fast=False)
+        fast = prefill_instrumented(model, ids, m, tail=4, mode=mode, split=S, logits="exact", fast=True, select=None)
+        slow = prefill_instrumented(model, ids, m, tail=4, mode=mode, split=S, logits="exact", fast=False, select=None)
         torch.testing.assert_close(fast.logits, slow.logits, rtol=0, atol=1e-5)
         assert_cache_close(fast.cache, slow.cache, atol=1e-5)
-    exact = prefill(model, ids, tail=N, mode="exact")
+    exact = prefill(model, ids, tail=N, mode="exact", select=None)
     assert (kv(fast.cache, LAYERS - 1)[0] - kv(exact.cache, LAYERS - 1)[0]).abs().max() > 1e-2
 
 
@@ -186,16 +197,16 @@ def test_generate_after_fill_matches_model_generate(name, ids):
     with torch.no_grad():
         plain = model.generate(one, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)[:, N:]
     maps = oracle_maps(model, one, S)
-    assert torch.equal(generate_after(model, one, prefill(model, one, tail=N, mode="exact"), 16), plain)
-    assert torch.equal(generate_after(model, one, prefill(model, one, maps, tail=5, mode="ridge"), 16), plain)
-    assert torch.equal(generate_after(model, one, prefill(model, one, tail=N, mode="identity", split=S), 16), plain)
+    assert torch.equal(generate_after(model, one, prefill(model, one, tail=N, mode="exact", select=None), 16), plain)
+    assert torch.equal(generate_after(model, one, prefill(model, one, maps, tail=5, mode="ridge", select=None), 16), plain)
+    assert torch.equal(generate_after(model, one, prefill(model, one, tail=N, mode="identity", split=S, select=None), 16), plain)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_decode_step_after_full_tail_equals_exact_decoding(name, ids):
     model = build(name)
-    exact = prefill(model, ids, tail=N, mode="exact")
-    res = prefill(model, ids, tail=N, mode="identity", split=S)
+    exact = prefill(model, ids, tail=N, mode="exact", select=None)
+    res = prefill(model, ids, tail=N, mode="identity", split=S, select=None)
     nxt = exact.logits.argmax(-1)
     with torch.no_grad():
         want = model(nxt, cache=exact.cache, use_cache=True).logits
@@ -212,7 +223,7 @@ def test_decode_step_after_full_tail_equals_exact_decoding(name, ids):
 def test_unsupported_directory_is_refused_before_loading(tmp_path):
     """A config of an unsupported type is refused from config.json alone (there are no weights to load)."""
     from ridgefill import UnsupportedModelError
-    from ridgefill.assets import load_model
+    from ridgefill.data.models import load_model
 
     (tmp_path / "config.json").write_text('{"model_type": "gpt2", "n_layer": 2}')
     with pytest.raises(UnsupportedModelError, match=r"'gpt2'.*supported: \[.*'phi3'.*'qwen3_moe'"):
@@ -223,7 +234,7 @@ def test_unsupported_gguf_is_refused_from_its_header(tmp_path):
     """A GGUF is refused from its general.architecture key, before transformers dequantises anything."""
     import gguf
     from ridgefill import UnsupportedModelError
-    from ridgefill.assets import check_model_type, load_model
+    from ridgefill.data.models import check_model_type, load_model
 
     def write(name, arch, model_name):
         w = gguf.GGUFWriter(str(tmp_path / name), arch)
@@ -244,7 +255,7 @@ def test_unsupported_gguf_is_refused_from_its_header(tmp_path):
 
 
 def test_supported_directory_loads(tmp_path, ids):
-    from ridgefill.assets import load_model
+    from ridgefill.data.models import load_model
 
     model = build("qwen3")
     model.save_pretrained(tmp_path)
@@ -270,13 +281,13 @@ def test_window_wider_than_prompt_uses_fill_kv(ids, monkeypatch):
     assert ad.needed_filled_rows(LAYERS - 1, fl, ex) is None
     assert ad.needed_filled_rows(LAYERS - 1, torch.arange(30), torch.arange(35, 40)).tolist() == list(range(28, 30))
     maps = oracle_maps(model, short, S)
-    exact = prefill(model, short, tail=short.shape[1], mode="exact", logits="exact")
+    exact = prefill_instrumented(model, short, tail=short.shape[1], mode="exact", logits="exact", select=None)
     calls = []
     real = ad.fill_kv
     monkeypatch.setattr(ad, "fill_kv", lambda *a, **k: calls.append(1) or real(*a, **k))
-    fast = prefill(model, short, maps, tail=2, mode="ridge", logits="exact", fast=True)
+    fast = prefill_instrumented(model, short, maps, tail=2, mode="ridge", logits="exact", fast=True, select=None)
     assert calls == [1]
-    slow = prefill(model, short, maps, tail=2, mode="ridge", logits="exact", fast=False)
+    slow = prefill_instrumented(model, short, maps, tail=2, mode="ridge", logits="exact", fast=False, select=None)
     torch.testing.assert_close(fast.logits, exact.logits[:, -2:], rtol=0, atol=1e-5)
     assert_cache_close(fast.cache, slow.cache, atol=1e-5)
     assert_cache_close(fast.cache, exact.cache, atol=1e-5)

@@ -2,7 +2,7 @@
 
 Fast path: the filled rows' K/V of all late layers in one batched step
 (:meth:`ridgefill.adapters.LlamaAdapter.fill_kv`: batched maps, norm weight folded into the fused K/V
-weight, RoPE written into the cache). Reference: ``prefill(..., fast=False)``, one layer at a time
+weight, RoPE written into the cache). Reference: ``prefill_instrumented(..., fast=False, select=None)``, one layer at a time
 through ``predict_inputs`` and the adapter's ``kv`` (the layer's own norm, projections and RoPE).
 """
 
@@ -11,6 +11,7 @@ import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from ridgefill import RidgeMaps, prefill
+from ridgefill.fill import prefill_instrumented
 from ridgefill.adapters import adapter_for
 from ridgefill.bench import timing_maps
 
@@ -58,9 +59,9 @@ def test_fast_equals_reference(mode, exact_rows, bias):
     model = llama(seed=1, bias=bias)
     ids = ids_for(model)
     maps = random_maps(model) if mode == "ridge" else None
-    kw = dict(tail=5, exact_rows=exact_rows, mode=mode, split=S, logits="exact")
-    fast = prefill(model, ids, maps, **kw)
-    ref = prefill(model, ids, maps, fast=False, **kw)
+    kw = dict(tail=5, exact_rows=exact_rows, mode=mode, split=S, logits="exact", select=None)
+    fast = prefill_instrumented(model, ids, maps, **kw)
+    ref = prefill_instrumented(model, ids, maps, fast=False, **kw)
     assert torch.equal(fast.exact_positions, ref.exact_positions)
     assert_same(fast, ref, model.config.num_hidden_layers, atol=1e-5)
     # the late layers' filled rows are predicted (the comparison is not between two exact caches)
@@ -85,9 +86,9 @@ def test_fast_path_is_taken_and_skips_per_layer_kv(monkeypatch):
     monkeypatch.setattr(ad, "fill_kv", count_fill)
     monkeypatch.setattr(ad, "kv", count_kv)
     ids = ids_for(model, batch=1)
-    prefill(model, ids, random_maps(model), tail=4, mode="ridge")
+    prefill(model, ids, random_maps(model), tail=4, mode="ridge", select=None)
     assert calls == {"fill_kv": 1, "kv": 0}
-    prefill(model, ids, random_maps(model), tail=4, mode="ridge", fast=False)
+    prefill_instrumented(model, ids, random_maps(model), tail=4, mode="ridge", fast=False, select=None)
     assert calls == {"fill_kv": 1, "kv": model.config.num_hidden_layers - S - 1}
 
 
@@ -102,8 +103,8 @@ def test_kv_hook_uses_the_per_layer_path():
         seen.append(layer)
         return k, v
 
-    a = prefill(model, ids, maps, tail=4, mode="ridge", kv_hook=hook)
-    b = prefill(model, ids, maps, tail=4, mode="ridge")
+    a = prefill_instrumented(model, ids, maps, tail=4, mode="ridge", kv_hook=hook, select=None)
+    b = prefill(model, ids, maps, tail=4, mode="ridge", select=None)
     assert seen == list(range(S + 1, model.config.num_hidden_layers))
     assert_same(a, b, model.config.num_hidden_layers, atol=1e-5)
 
@@ -151,12 +152,12 @@ def test_fill_kv_sees_weight_edits():
     model = llama(seed=5)
     ids = ids_for(model, batch=1)
     maps = random_maps(model)
-    before = prefill(model, ids, maps, tail=4, mode="ridge")
+    before = prefill(model, ids, maps, tail=4, mode="ridge", select=None)
     with torch.no_grad():
         model.model.layers[S + 1].input_layernorm.weight.mul_(2.0)
         model.model.layers[S + 2].self_attn.k_proj.weight.mul_(-1.0)
-    after = prefill(model, ids, maps, tail=4, mode="ridge")
-    ref = prefill(model, ids, maps, tail=4, mode="ridge", fast=False)
+    after = prefill(model, ids, maps, tail=4, mode="ridge", select=None)
+    ref = prefill_instrumented(model, ids, maps, tail=4, mode="ridge", fast=False, select=None)
     assert not torch.allclose(before.cache.layers[S + 1].keys, after.cache.layers[S + 1].keys)
     assert_same(after, ref, model.config.num_hidden_layers, atol=1e-5)
 
@@ -181,8 +182,8 @@ def test_bfloat16_fast_equals_reference():
     ids = ids_for(model)
     maps = random_maps(model)
     assert maps.weights.dtype == torch.bfloat16
-    fast = prefill(model, ids, maps, tail=5, mode="ridge", logits="exact")
-    ref = prefill(model, ids, maps, tail=5, mode="ridge", logits="exact", fast=False)
+    fast = prefill_instrumented(model, ids, maps, tail=5, mode="ridge", logits="exact", select=None)
+    ref = prefill_instrumented(model, ids, maps, tail=5, mode="ridge", logits="exact", fast=False, select=None)
     assert fast.cache.layers[5].keys.dtype == torch.bfloat16
     scale = max(ref.cache.layers[i].keys.abs().max().item() for i in range(6))
     assert_same(fast, ref, model.config.num_hidden_layers, atol=0.05 * scale)
@@ -194,15 +195,15 @@ def test_float32_maps_on_a_bfloat16_model():
     ids = ids_for(model, batch=1)
     maps32 = random_maps(model)
     maps32 = RidgeMaps(S, maps32.weights.float(), maps32.biases.float(), maps32.lambdas)
-    res = prefill(model, ids, maps32, tail=4, mode="ridge")
-    ref = prefill(model, ids, random_maps(model), tail=4, mode="ridge")
+    res = prefill(model, ids, maps32, tail=4, mode="ridge", select=None)
+    ref = prefill(model, ids, random_maps(model), tail=4, mode="ridge", select=None)
     assert torch.equal(res.cache.layers[5].keys, ref.cache.layers[5].keys)
 
 
 def test_conftest_tiny_llama_takes_the_fast_path(tiny, tiny_ids):
     assert adapter_for(tiny).supports_fill_kv()
-    a = prefill(tiny, tiny_ids, tail=5, mode="identity", split=S)
-    b = prefill(tiny, tiny_ids, tail=5, mode="identity", split=S, fast=False)
+    a = prefill(tiny, tiny_ids, tail=5, mode="identity", split=S, select=None)
+    b = prefill_instrumented(tiny, tiny_ids, tail=5, mode="identity", split=S, fast=False, select=None)
     assert_same(a, b, tiny.config.num_hidden_layers, atol=1e-5)
 
 
@@ -217,7 +218,7 @@ def test_gemma3_adapter_does_not_use_the_llama_fast_step():
     model = Gemma3ForCausalLM(cfg).eval()
     assert not adapter_for(model).supports_fill_kv()
     ids = ids_for(model, batch=1)
-    a = prefill(model, ids, tail=4, mode="identity", split=1)
-    b = prefill(model, ids, tail=4, mode="identity", split=1, fast=False)
+    a = prefill(model, ids, tail=4, mode="identity", split=1, select=None)
+    b = prefill_instrumented(model, ids, tail=4, mode="identity", split=1, fast=False, select=None)
     assert_same(a, b, 4, atol=0)
 

@@ -28,14 +28,25 @@ from safetensors.torch import save_file
 from conftest import tiny_llama
 from gguf_helpers import metadata_end, write_tiny_gguf
 from ridgefill import RidgeMaps, load_maps, prefill
-from ridgefill.assets import check_gguf, load_model
-from ridgefill.calibrate import calibrate
+from ridgefill.fill import prefill_instrumented
+from ridgefill.data.models import check_gguf, load_model
+from ridgefill.calibration import calibrate
 from ridgefill.checkpoint import checkpoint_path, load_checkpoint
 from ridgefill.errors import (AssetError, InputError, MapsFormatError, MapsMismatchError, NonFiniteError,
                               SingularGramError)
 from ridgefill.fill import generate_after
 from ridgefill.maps import load_stats, maps_digest, stats_path
 from ridgefill.ridge import RidgeStats, fit_maps, solve_ridge
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _own_model_cache(tmp_path_factory):
+    """The tiny GGUFs here are converted into cached copies (ridgefill.data.models.gguf_copy): keep those out
+    of the user's cache. No test here uses the bundled model."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RIDGEFILL_CACHE", str(tmp_path_factory.mktemp("model-cache")))
+    yield
+    mp.undo()
 
 REPO = Path(__file__).resolve().parent.parent
 S = 2
@@ -62,7 +73,7 @@ def model():
 @pytest.fixture(scope="module")
 def maps(model):
     return calibrate(model, CharTokenizer(), [TEXT, TEXT[::-1]], split=S, tokens=1024, chunk=128,
-                     lam="auto", model_name="tiny", progress=False)
+                     lam="auto", model_name="tiny", progress=False, context=0)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +142,7 @@ def test_truncated_gguf(tmp_path, gguf_file, where):
 
 def test_prefill_result_knows_its_prompt(model, maps):
     ids = torch.randint(0, 101, (1, 16), generator=torch.Generator().manual_seed(3))
-    res = prefill(model, ids, maps, tail=4)
+    res = prefill(model, ids, maps, tail=4, select=None)
     assert res.prompt_rows == 16 and len(res.prompt_sha256) == 64 and not res.consumed
     with pytest.raises(InputError, match="have 12 rows but the cache was prefilled from 16"):
         generate_after(model, ids[:, :12], res, 4)
@@ -149,7 +160,7 @@ def test_prefill_result_knows_its_prompt(model, maps):
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, "4"])
 def test_generate_after_max_new_tokens(model, maps, bad):
     ids = torch.randint(0, 101, (1, 16))
-    res = prefill(model, ids, maps, tail=4)
+    res = prefill(model, ids, maps, tail=4, select=None)
     with pytest.raises(InputError, match="max_new_tokens must be an integer ≥ 1"):
         generate_after(model, ids, res, bad)
 
@@ -162,19 +173,19 @@ def test_generate_after_max_new_tokens(model, maps, bad):
 def test_maps_accept_same_weights_in_another_dtype(gguf_file, dtype):
     path, _ = gguf_file
     f32, tok, _ = load_model(path)
-    m = calibrate(f32, CharTokenizer(64), [TEXT], split=0, tokens=512, chunk=64, lam=1.0, progress=False)
+    m = calibrate(f32, CharTokenizer(64), [TEXT], split=0, tokens=512, chunk=64, lam=1.0, progress=False, context=0)
     assert m.meta["weights_dtype"] == "float32" and m.meta["weights_device"] == "cpu"
     low, _, _ = load_model(path, dtype=dtype)
     m.check_model(low)  # no error: the same weights
     ids = torch.tensor([[1] + list(range(3, 30))])
-    res = prefill(low, ids, m, tail=4)
+    res = prefill(low, ids, m, tail=4, select=None)
     assert res.logits.dtype == dtype
 
 
 def test_maps_refuse_other_weights_in_another_dtype(tmp_path, gguf_file):
     path, _ = gguf_file
     f32, _, _ = load_model(path)
-    m = calibrate(f32, CharTokenizer(64), [TEXT], split=0, tokens=512, chunk=64, lam=1.0, progress=False)
+    m = calibrate(f32, CharTokenizer(64), [TEXT], split=0, tokens=512, chunk=64, lam=1.0, progress=False, context=0)
     other = tmp_path / "other.gguf"
     write_tiny_gguf(other, seed=1)
     bf16, _, _ = load_model(other, dtype=torch.bfloat16)
@@ -186,7 +197,7 @@ def test_maps_refuse_other_weights_in_another_dtype(tmp_path, gguf_file):
 def test_old_maps_without_sample_name_the_dtype(gguf_file):
     path, _ = gguf_file
     f32, _, _ = load_model(path)
-    m = calibrate(f32, CharTokenizer(64), [TEXT], split=0, tokens=512, chunk=64, lam=1.0, progress=False)
+    m = calibrate(f32, CharTokenizer(64), [TEXT], split=0, tokens=512, chunk=64, lam=1.0, progress=False, context=0)
     for k in ("weight_sample", "weights_dtype", "weights_device"):
         del m.meta[k]  # as written before weight samples were stored
     m.check_model(f32)
@@ -312,22 +323,22 @@ def test_fit_maps_non_finite_stats():
 def test_prefill_bad_arguments(model, maps, kwargs, message):
     ids = torch.randint(0, 101, (1, 16))
     with pytest.raises(InputError, match=message):
-        prefill(model, ids, maps, **kwargs)
+        prefill_instrumented(model, ids, maps, **{"select": None, **kwargs})
 
 
 def test_prefill_bad_ids_and_maps(model, maps):
     with pytest.raises(InputError, match="input_ids must be an int64 tensor \\[batch, rows\\]; got list"):
-        prefill(model, [[1, 2, 3]], maps, tail=1)
+        prefill(model, [[1, 2, 3]], maps, tail=1, select=None)
     with pytest.raises(InputError, match="got torch.int32"):
-        prefill(model, torch.ones(1, 8, dtype=torch.int32), maps, tail=1)
+        prefill(model, torch.ones(1, 8, dtype=torch.int32), maps, tail=1, select=None)
     with pytest.raises(InputError, match="maps must be a RidgeMaps"):
-        prefill(model, torch.ones(1, 8, dtype=torch.long), {"split": 2}, tail=1)
+        prefill(model, torch.ones(1, 8, dtype=torch.long), {"split": 2}, tail=1, select=None)
 
 
 def test_prefill_exact_rows_tensor_accepted(model, maps):
     ids = torch.randint(0, 101, (1, 16))
-    a = prefill(model, ids, maps, tail=4, exact_rows=torch.tensor([2, 5]), logits="exact")
-    b = prefill(model, ids, maps, tail=4, exact_rows=[2, 5], logits="exact")
+    a = prefill_instrumented(model, ids, maps, tail=4, exact_rows=torch.tensor([2, 5]), logits="exact", select=None)
+    b = prefill_instrumented(model, ids, maps, tail=4, exact_rows=[2, 5], logits="exact", select=None)
     assert a.exact_positions.tolist() == [2, 5, 12, 13, 14, 15]
     assert torch.equal(a.logits, b.logits)
 
@@ -389,10 +400,10 @@ def test_cli_bad_inputs_exit_2(tmp_path, capsys, gguf_file):
     prompt.write_text("Hello there, a prompt.")
     assert main(["generate", "--model", str(path), "--prompt-file", str(prompt), "--mode", "exact",
                  "--max-new-tokens", "0"]) == 2
-    assert "max_new_tokens must be an integer ≥ 1; got 0" in capsys.readouterr().err
+    assert "--max-new-tokens 0 must be at least 1" in capsys.readouterr().err
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(path.read_bytes()[:1000])
-    assert main(["generate", "--model", str(cut), "--prompt-file", str(prompt)]) == 2
+    assert main(["generate", "--model", str(cut), "--prompt-file", str(prompt), "--mode", "exact"]) == 2
     assert "is truncated or corrupted" in capsys.readouterr().err
 
 
@@ -464,7 +475,7 @@ _CHILD = textwrap.dedent("""
     torch.set_num_threads(1)
     sys.path[:0] = [{tests!r}, {python!r}]
     from conftest import tiny_llama
-    from ridgefill.calibrate import calibrate
+    from ridgefill.calibration import calibrate
     from ridgefill.ridge import RidgeStats
 
     class CharTokenizer:
@@ -811,14 +822,14 @@ def test_numpy_integers_are_used_as_ints(model, maps):
     import numpy as np
 
     ids = torch.randint(0, 101, (1, 24), generator=torch.Generator().manual_seed(3))
-    res = prefill(model, ids, maps, tail=np.int64(4), mode="ridge")
+    res = prefill(model, ids, maps, tail=np.int64(4), mode="ridge", select=None)
     assert generate_after(model, ids, res, np.int64(2)).shape == (1, 2)
 
 
 def test_token_ids_outside_the_vocabulary_are_refused(model, maps):
     for bad in (torch.full((1, 8), 500), torch.full((1, 8), -1), torch.zeros((0, 8), dtype=torch.long)):
         with pytest.raises(InputError, match="token ids in 0..100"):
-            prefill(model, bad, maps, tail=2, mode="ridge")
+            prefill(model, bad, maps, tail=2, mode="ridge", select=None)
 
 
 def test_huge_integers_in_metadata_and_lambda_are_clean_errors(tmp_path, maps):

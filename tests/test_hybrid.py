@@ -10,6 +10,7 @@ and the layer's own module run token by token (the recurrent kernel) for the sta
 import pytest
 import torch
 from ridgefill import InputError, generate_after, prefill
+from ridgefill.fill import prefill_instrumented
 from ridgefill.adapters import HybridAdapter, adapter_for
 from transformers import DynamicCache, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 
@@ -130,7 +131,7 @@ def test_state_after_filled_rows_equals_recurrence_on_their_inputs(name, ids):
 def test_exact_mode_equals_transformers_forward(name, ids):
     model = build(name)
     out = reference(model, ids)
-    res = prefill(model, ids, tail=N, mode="exact", logits="exact")
+    res = prefill_instrumented(model, ids, tail=N, mode="exact", logits="exact", select=None)
     assert torch.equal(res.logits, out.logits)
     assert_cache_close(res.cache, out.cache, atol=0)
 
@@ -139,9 +140,9 @@ def test_exact_mode_equals_transformers_forward(name, ids):
 @pytest.mark.parametrize("mode", ["identity", "none", "ridge"])
 def test_tail_whole_prompt_equals_exact(name, ids, mode):
     model = build(name)
-    exact = prefill(model, ids, tail=N, mode="exact", logits="exact")
+    exact = prefill_instrumented(model, ids, tail=N, mode="exact", logits="exact", select=None)
     maps = oracle_maps(model, ids[:1], S) if mode == "ridge" else None
-    res = prefill(model, ids, maps, tail=N, mode=mode, split=S, logits="exact")
+    res = prefill_instrumented(model, ids, maps, tail=N, mode=mode, split=S, logits="exact", select=None)
     torch.testing.assert_close(res.logits, exact.logits, rtol=0, atol=1e-5)
     assert_cache_close(res.cache, exact.cache, atol=1e-5)
 
@@ -154,11 +155,11 @@ def test_oracle_fill_equals_exact_prefill(name, ids, tail):
     model = build(name)
     one = ids[:1]
     maps = oracle_maps(model, one, S)
-    exact = prefill(model, one, tail=N, mode="exact", logits="exact")
-    res = prefill(model, one, maps, tail=tail, mode="ridge", logits="exact")
+    exact = prefill_instrumented(model, one, tail=N, mode="exact", logits="exact", select=None)
+    res = prefill_instrumented(model, one, maps, tail=tail, mode="ridge", logits="exact", select=None)
     torch.testing.assert_close(res.logits, exact.logits[:, -tail:], rtol=0, atol=1e-5)
     assert_cache_close(res.cache, exact.cache, atol=1e-5)
-    ident = prefill(model, one, tail=tail, mode="identity", split=S, logits="exact")
+    ident = prefill_instrumented(model, one, tail=tail, mode="identity", split=S, logits="exact", select=None)
     last = RECURRENT[-1]
     assert (ident.cache.layers[last].recurrent_states[0] - exact.cache.layers[last].recurrent_states[0]).abs().max() > 1e-3
 
@@ -168,8 +169,8 @@ def test_none_mode_exact_rows_start_from_empty_state(name, ids):
     """Mode none: filled rows do not advance a late recurrent layer; its state is that of the exact
     rows alone (equal to running that layer on the tail's inputs from an empty state)."""
     model = build(name)
-    res = prefill(model, ids, tail=6, mode="none", split=S)
-    ident = prefill(model, ids, tail=6, mode="identity", split=S)
+    res = prefill(model, ids, tail=6, mode="none", split=S, select=None)
+    ident = prefill(model, ids, tail=6, mode="identity", split=S, select=None)
     for layer in RECURRENT:
         a, b = res.cache.layers[layer].recurrent_states[0], ident.cache.layers[layer].recurrent_states[0]
         if layer <= S:
@@ -181,10 +182,10 @@ def test_none_mode_exact_rows_start_from_empty_state(name, ids):
 def test_exact_rows_must_be_a_tail_and_no_kv_hook(ids):
     model = build("qwen3_next")
     with pytest.raises(InputError, match="suffix of the prompt"):
-        prefill(model, ids, tail=4, exact_rows=[10], mode="identity", split=S)
+        prefill(model, ids, tail=4, exact_rows=[10], mode="identity", split=S, select=None)
     with pytest.raises(InputError, match="kv_hook"):
-        prefill(model, ids, tail=4, mode="identity", split=S, kv_hook=lambda layer, k, v, f: (k, v))
-    prefill(model, ids, tail=4, exact_rows=[37], mode="identity", split=S)  # inside the tail: fine
+        prefill_instrumented(model, ids, tail=4, mode="identity", split=S, kv_hook=lambda layer, k, v, f: (k, v), select=None)
+    prefill(model, ids, tail=4, exact_rows=[37], mode="identity", split=S, select=None)  # inside the tail: fine
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -194,17 +195,17 @@ def test_generate_after_matches_model_generate(name, ids):
     with torch.no_grad():
         plain = model.generate(one, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=1)[:, N:]
     maps = oracle_maps(model, one, S)
-    assert torch.equal(generate_after(model, one, prefill(model, one, tail=N, mode="exact"), 16), plain)
-    assert torch.equal(generate_after(model, one, prefill(model, one, maps, tail=5, mode="ridge"), 16), plain)
-    assert torch.equal(generate_after(model, one, prefill(model, one, tail=N, mode="identity", split=S), 16), plain)
-    assert torch.equal(generate_after(model, one, prefill(model, one, tail=N, mode="exact"), 1), plain[:, :1])
+    assert torch.equal(generate_after(model, one, prefill(model, one, tail=N, mode="exact", select=None), 16), plain)
+    assert torch.equal(generate_after(model, one, prefill(model, one, maps, tail=5, mode="ridge", select=None), 16), plain)
+    assert torch.equal(generate_after(model, one, prefill(model, one, tail=N, mode="identity", split=S, select=None), 16), plain)
+    assert torch.equal(generate_after(model, one, prefill(model, one, tail=N, mode="exact", select=None), 1), plain[:, :1])
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_decode_step_after_full_tail_equals_exact_decoding(name, ids):
     model = build(name)
-    exact = prefill(model, ids, tail=N, mode="exact")
-    res = prefill(model, ids, tail=N, mode="identity", split=S)
+    exact = prefill(model, ids, tail=N, mode="exact", select=None)
+    res = prefill(model, ids, tail=N, mode="identity", split=S, select=None)
     nxt = exact.logits.argmax(-1)
     with torch.inference_mode():  # the states were made in prefill's inference mode; decoding updates them in place
         want = model(nxt, cache=exact.cache, use_cache=True).logits
@@ -221,11 +222,11 @@ def test_oracle_context_maps_fill_equals_exact_prefill(name, ids):
     feature blocks swapped they are not."""
     model = build(name)
     one = ids[:1]
-    exact = prefill(model, one, tail=N, mode="exact", logits="exact")
-    res = prefill(model, one, oracle_context_maps(model, one, S), tail=5, mode="ridge", logits="exact")
+    exact = prefill_instrumented(model, one, tail=N, mode="exact", logits="exact", select=None)
+    res = prefill_instrumented(model, one, oracle_context_maps(model, one, S), tail=5, mode="ridge", logits="exact", select=None)
     torch.testing.assert_close(res.logits, exact.logits[:, -5:], rtol=0, atol=1e-5)
     assert_cache_close(res.cache, exact.cache, atol=1e-5)
-    wrong = prefill(model, one, oracle_context_maps(model, one, S, swap=True), tail=5, mode="ridge")
+    wrong = prefill(model, one, oracle_context_maps(model, one, S, swap=True), tail=5, mode="ridge", select=None)
     last = RECURRENT[-1]
     assert (wrong.cache.layers[last].recurrent_states[0] - exact.cache.layers[last].recurrent_states[0]).abs().max() > 1e-3
 
@@ -233,7 +234,7 @@ def test_oracle_context_maps_fill_equals_exact_prefill(name, ids):
 def test_calibration_runs_and_oracle_style_maps_fit(ids):
     """Calibration statistics come from the adapter's layer forward (recurrent layers from an empty
     state over the whole chunk); they equal the transformers forward's late-layer inputs."""
-    from ridgefill.calibrate import collect_stats_many
+    from ridgefill.calibration import collect_stats_many
 
     model = build("qwen3_5_text")
     ad = adapter_for(model)
@@ -267,8 +268,8 @@ def test_exact_rows_are_causal(ids, mode):
     maps = oracle_maps(model, ids[:1], S) if mode == "ridge" else None
     changed = ids.clone()
     changed[:, -1] = (changed[:, -1] + 5) % VOCAB
-    a = prefill(model, ids, maps, tail=6, mode=mode, split=S, logits="exact")
-    b = prefill(model, changed, maps, tail=6, mode=mode, split=S, logits="exact")
+    a = prefill_instrumented(model, ids, maps, tail=6, mode=mode, split=S, logits="exact", select=None)
+    b = prefill_instrumented(model, changed, maps, tail=6, mode=mode, split=S, logits="exact", select=None)
     # not bitwise: the MoE groups tokens by expert, so a changed route changes matmul shapes (rounding)
     torch.testing.assert_close(a.logits[:, :-1], b.logits[:, :-1], rtol=0, atol=1e-5)
     assert (a.logits[:, -1] - b.logits[:, -1]).abs().max() > 0.1
@@ -292,7 +293,7 @@ def test_state_splice_reproduces_exact_when_attention_fill_is_exact(name):
     doc = torch.randint(3, VOCAB, (N + 1,), generator=torch.Generator().manual_seed(7))
     tail, split = 8, 3
     exact_nll, _, exact = tail_nll(model, doc, tail=tail, mode="exact")
-    exact_all = prefill(model, doc[None, :-1], tail=N, mode="exact", logits="exact")
+    exact_all = prefill_instrumented(model, doc[None, :-1], tail=N, mode="exact", logits="exact", select=None)
     fill_nll, _, _ = tail_nll(model, doc, tail=tail, mode="identity", split=split)
     assert (fill_nll - exact_nll).abs().max() > 1e-3
     variants = splice_variants(model, {split: None}, tail=tail, mode="identity")
@@ -302,7 +303,7 @@ def test_state_splice_reproduces_exact_when_attention_fill_is_exact(name):
     ids = doc[None, :-1]
     states = exact_states(model, ids, N - tail, [5])
     with ad.spliced_states(states):
-        res = prefill(model, ids, tail=tail, mode="identity", split=split, logits="exact")
+        res = prefill_instrumented(model, ids, tail=tail, mode="identity", split=split, logits="exact", select=None)
     assert not ad._spliced  # closed again
     torch.testing.assert_close(res.logits, exact_all.logits[:, -tail:], rtol=0, atol=1e-5)
     assert_cache_close(res.cache, exact_all.cache, atol=1e-5)
@@ -365,7 +366,7 @@ def test_splice_components_by_model_and_state_splice_errors(ids):
             with ad.spliced_states(states):
                 pass
         with pytest.raises(ValueError, match="batch"):
-            prefill(model, ids[:1], tail=30, mode="identity", split=S)
+            prefill(model, ids[:1], tail=30, mode="identity", split=S, select=None)
     assert not ad._spliced
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ridgefill import (InputError, MapsFormatError, MapsMismatchError, RidgeMaps, load_maps, prefill)
-from ridgefill.calibrate import calibrate, calibration_chunks
+from ridgefill.calibration import calibrate, calibration_chunks
 from conftest import tiny_llama
 
 S = 2
@@ -34,7 +34,7 @@ def model():
 @pytest.fixture(scope="module")
 def maps(model):
     return calibrate(model, CharTokenizer(), [TEXT, TEXT[::-1]], split=S, tokens=1024, chunk=128,
-                     lam="auto", model_name="tiny", progress=False)
+                     lam="auto", model_name="tiny", progress=False, context=0)
 
 
 def test_calibrate_produces_valid_maps(model, maps):
@@ -57,8 +57,8 @@ def test_save_load_round_trip(tmp_path, model, maps):
     assert back.meta["model_hash"] == maps.meta["model_hash"]
     back.check_model(model, S)
     ids = torch.randint(0, 101, (1, 40))
-    a = prefill(model, ids, maps, tail=4)
-    b = prefill(model, ids, back, tail=4)
+    a = prefill(model, ids, maps, tail=4, select=None)
+    b = prefill(model, ids, back, tail=4, select=None)
     assert torch.equal(a.logits, b.logits)
 
 
@@ -70,10 +70,10 @@ def test_maps_from_another_model_or_split(model, maps):
     with pytest.raises(MapsMismatchError, match="other weights"):
         maps.check_model(other_weights)
     with pytest.raises(MapsMismatchError, match="split S=3"):
-        prefill(model, torch.randint(0, 101, (1, 20)), maps, tail=4, split=3)
+        prefill(model, torch.randint(0, 101, (1, 20)), maps, tail=4, split=3, select=None)
     deeper = tiny_llama(seed=7, layers=8)
     with pytest.raises(MapsMismatchError):
-        prefill(deeper, torch.randint(0, 101, (1, 20)), maps, tail=4)
+        prefill(deeper, torch.randint(0, 101, (1, 20)), maps, tail=4, select=None)
 
 
 def test_wrong_shapes_in_file(tmp_path, maps):
@@ -123,7 +123,7 @@ def test_failed_run_never_overwrites_existing_maps(tmp_path, model, maps, monkey
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temp file left
     # a calibration that fails (empty text) writes nothing either
     with pytest.raises(InputError, match="empty"):
-        calibrate(model, CharTokenizer(), ["", "   "], split=S, tokens=256, chunk=64, progress=False)
+        calibrate(model, CharTokenizer(), ["", "   "], split=S, tokens=256, chunk=64, progress=False, context=0)
     assert path.read_bytes() == before
 
 
@@ -136,9 +136,9 @@ def test_calibration_bad_input(model):
     with pytest.raises(InputError, match="lower --calib-tokens"):
         calibration_chunks(tok, [TEXT], 10 ** 6, 64)
     with pytest.raises(InputError, match="split"):
-        calibrate(model, tok, [TEXT], split=5, tokens=256, chunk=64, progress=False)
+        calibrate(model, tok, [TEXT], split=5, tokens=256, chunk=64, progress=False, context=0)
     with pytest.raises(InputError, match="split"):
-        calibrate(model, tok, [TEXT], split=-1, tokens=256, chunk=64, progress=False)
+        calibrate(model, tok, [TEXT], split=-1, tokens=256, chunk=64, progress=False, context=0)
 
 
 def test_singular_gram_with_zero_lambda(model):
@@ -146,7 +146,7 @@ def test_singular_gram_with_zero_lambda(model):
 
     # 64 rows < hidden 64 + centring: the centred Gram is singular, so λ = 0 has no unique solution
     with pytest.raises(SingularGramError, match="λ > 0"):
-        calibrate(model, CharTokenizer(), [TEXT], split=S, tokens=64, chunk=64, lam=0.0, progress=False)
+        calibrate(model, CharTokenizer(), [TEXT], split=S, tokens=64, chunk=64, lam=0.0, progress=False, context=0)
 
 
 def test_calibration_chunks_spread_over_texts():
@@ -166,8 +166,8 @@ class BosCharTokenizer(CharTokenizer):
 
 
 def test_special_prefix_starts_every_chunk_and_document():
-    from ridgefill.calibrate import special_prefix
-    from ridgefill.run import evaluation_documents
+    from ridgefill.calibration import special_prefix
+    from ridgefill.evaluate.main_job import evaluation_documents
 
     assert special_prefix(CharTokenizer()) == [] and special_prefix(BosCharTokenizer()) == [0]
     text = "".join("abcd"[(i * 7) % 4] + "abcd"[i % 4] for i in range(500))  # ids 97..100, never 0

@@ -1,10 +1,13 @@
 """Query-aware row selection (``prefill(..., select=Select(...))``) and the centred identity fill."""
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import DynamicCache
 
 from ridgefill import InputError, MapsFormatError, prefill
+from ridgefill.fill import prefill_instrumented
 from ridgefill.select import DEFAULT_SELECT, Select, Selection, as_selection, choose_rows, local_contrast
 from conftest import oracle_maps, reference, tiny_llama
 from test_gemma3 import tiny_gemma3
@@ -48,17 +51,17 @@ def maps(llama, ids):
                                  Selection((Select(budget=6, before=1, after=3),
                                             Select(budget=6, queries=8, heads="sum", before=0, after=1, contrast=0)))])
 def test_two_pass_equals_one_pass_with_the_chosen_rows(llama, ids, maps, mode, fast, sel):
-    res = prefill(llama, ids, maps, tail=8, mode=mode, split=S, select=sel, logits="exact", fast=fast)
+    res = prefill_instrumented(llama, ids, maps, tail=8, mode=mode, split=S, select=sel, logits="exact", fast=fast)
     chosen = res.selected
     assert 0 < chosen.numel() <= sel.budget_rows(ids.shape[1])
     assert chosen.max() < ids.shape[1] - 8  # filled rows only
-    one = prefill(llama, ids, maps, tail=8, exact_rows=chosen.tolist(), mode=mode, split=S, logits="exact", fast=fast)
+    one = prefill_instrumented(llama, ids, maps, tail=8, exact_rows=chosen.tolist(), mode=mode, split=S, logits="exact", fast=fast, select=None)
     assert_same_prefill(res, one, llama.config.num_hidden_layers)
     assert one.selected is None
 
 
 def test_selection_never_changes_the_lower_layers(llama, ids, maps):
-    plain = prefill(llama, ids, maps, tail=8, mode="ridge")
+    plain = prefill(llama, ids, maps, tail=8, mode="ridge", select=None)
     sel = prefill(llama, ids, maps, tail=8, mode="ridge", select=Select(budget=20))
     for layer in range(S + 1):
         for x, y in zip(kv(plain.cache, layer), kv(sel.cache, layer)):
@@ -77,7 +80,7 @@ def _oracle_scores(select: Select, exact_tail: int = 6):
     ``[layer] -> [1, H, N, N]``, and the scores ``AttentionScores(select)`` records in one late-layer pass
     with the last ``exact_tail`` rows exact."""
     from ridgefill.adapters import adapter_for
-    from ridgefill.fill import AttentionScores as _AttentionScores, _LateFill, _fill_maps
+    from ridgefill.fill import AttentionScores as _AttentionScores, _LateLayers, _fill_maps
 
     model = tiny_llama(seed=3, hidden=96)
     ids = torch.randint(0, 101, (1, 60), generator=torch.Generator().manual_seed(5))
@@ -95,7 +98,8 @@ def _oracle_scores(select: Select, exact_tail: int = 6):
         for layer in range(S + 1):
             shape = (1, ad.num_kv_heads, n, ad.head_dim)
             x = ad.layer(layer, x, rope, pos, torch.empty(shape), torch.empty(shape))
-        fill = _LateFill(ad, range(S + 1, ad.num_layers), x, x, rope, _fill_maps("ridge", maps, x), None, True, False)
+        fill = _LateLayers(ad, range(S + 1, ad.num_layers), x, x, rope, _fill_maps("ridge", maps, x), None,
+                           batched=True, none=False)
         scorer = _AttentionScores(ad, n, select)
         fill.run(torch.arange(n - exact_tail, n), [scorer])
     return att, scorer, range(S + 1, model.config.num_hidden_layers)
@@ -137,9 +141,9 @@ def test_gemma3_two_pass_fills_rows_newly_seen_by_sliding_layers():
     ids = torch.randint(3, 101, (1, 80), generator=torch.Generator().manual_seed(3))
     maps = oracle_maps(model, ids[:, :30], 1)
     sel = Select(budget=6, before=0, after=2)
-    res = prefill(model, ids, maps, tail=4, mode="ridge", select=sel, logits="exact")
+    res = prefill_instrumented(model, ids, maps, tail=4, mode="ridge", select=sel, logits="exact")
     assert res.selected.numel() and res.selected.min() < 60  # some chosen rows lie outside the tail's window
-    one = prefill(model, ids, maps, tail=4, exact_rows=res.selected.tolist(), mode="ridge", logits="exact")
+    one = prefill_instrumented(model, ids, maps, tail=4, exact_rows=res.selected.tolist(), mode="ridge", logits="exact", select=None)
     assert_same_prefill(res, one, model.config.num_hidden_layers)
 
 
@@ -190,10 +194,15 @@ def test_select_parse_and_errors():
             Select.parse(bad)
 
 
-def test_select_refused_without_filled_kv(llama, ids):
-    for mode in ("none", "exact"):
-        with pytest.raises(InputError, match="select"):
-            prefill(llama, ids, tail=8, mode=mode, split=S, select=Select())
+def test_select_refused_without_filled_kv_and_ignored_in_exact_mode(llama, ids):
+    """Mode "none" writes no filled K/V for the attention parts to score: refused. In mode "exact" every
+    row is exact, so there is nothing to choose: the selection (the default "on" too) is ignored."""
+    with pytest.raises(InputError, match="select"):
+        prefill(llama, ids, tail=8, mode="none", split=S, select=Select())
+    plain = prefill(llama, ids, tail=8, mode="exact", select=None)
+    for select in (Select(), "on"):
+        res = prefill(llama, ids, tail=8, mode="exact", select=select)
+        assert res.selected is None and torch.equal(res.logits, plain.logits)
 
 
 def test_centred_identity_fill(llama, ids, maps):
@@ -202,18 +211,18 @@ def test_centred_identity_fill(llama, ids, maps):
     g = torch.Generator().manual_seed(1)
     m = maps.to()
     m.mean_h, m.mean_x = torch.randn(d, generator=g), torch.randn(late, d, generator=g)
-    res = prefill(llama, ids, m, tail=8, mode="centred", logits="exact")
+    res = prefill_instrumented(llama, ids, m, tail=8, mode="centred", logits="exact", select=None)
     ref = maps.to()
     ref.weights, ref.biases = torch.eye(d).repeat(late, 1, 1), m.mean_x - m.mean_h
-    want = prefill(llama, ids, ref, tail=8, mode="ridge", logits="exact")
+    want = prefill_instrumented(llama, ids, ref, tail=8, mode="ridge", logits="exact", select=None)
     assert_same_prefill(res, want, llama.config.num_hidden_layers)
     # with x̄_l = h̄ it is the plain identity fill
     m.mean_x = m.mean_h.repeat(late, 1)
-    same = prefill(llama, ids, m, tail=8, mode="centred", logits="exact")
-    assert_same_prefill(same, prefill(llama, ids, tail=8, mode="identity", split=S, logits="exact"),
+    same = prefill_instrumented(llama, ids, m, tail=8, mode="centred", logits="exact", select=None)
+    assert_same_prefill(same, prefill_instrumented(llama, ids, tail=8, mode="identity", split=S, logits="exact", select=None),
                         llama.config.num_hidden_layers)
     with pytest.raises(MapsFormatError, match="means"):
-        prefill(llama, ids, maps, tail=8, mode="centred")
+        prefill(llama, ids, maps, tail=8, mode="centred", select=None)
 
 
 def test_induction_selection_keeps_only_the_top_heads(llama, ids, maps):
@@ -226,8 +235,8 @@ def test_induction_selection_keeps_only_the_top_heads(llama, ids, maps):
     sel = Select(heads="induction", top_heads=3, budget=10)
     keep = AttentionScores(ad, ids.shape[1], sel).heads
     assert int(keep.sum()) == 3 and float(scores[keep].min()) >= float(scores[~keep].max())
-    res = prefill(llama, ids, maps, tail=8, mode="ridge", select=sel, logits="exact")
-    one = prefill(llama, ids, maps, tail=8, exact_rows=res.selected.tolist(), mode="ridge", logits="exact")
+    res = prefill_instrumented(llama, ids, maps, tail=8, mode="ridge", select=sel, logits="exact")
+    one = prefill_instrumented(llama, ids, maps, tail=8, exact_rows=res.selected.tolist(), mode="ridge", logits="exact", select=None)
     assert_same_prefill(res, one, llama.config.num_hidden_layers)
 
 
@@ -245,7 +254,7 @@ def test_leverage_selection_is_one_pass_with_the_chosen_rows(llama, ids, maps):
     for mode in ("ridge", "identity", "none"):
         res = prefill(llama, ids, maps, tail=3, mode=mode, select=sel)
         assert 0 < res.selected.numel() <= 6
-        one = prefill(llama, ids, maps, tail=3, mode=mode, exact_rows=res.selected)
+        one = prefill(llama, ids, maps, tail=3, mode=mode, exact_rows=res.selected, select=None)
         assert torch.allclose(res.logits, one.logits, atol=1e-5)
         for layer in range(len(res.cache.layers)):
             assert torch.allclose(res.cache.layers[layer].keys, one.cache.layers[layer].keys, atol=1e-5)
@@ -300,10 +309,10 @@ def test_selection_total_caps_the_parts_together(llama, ids, maps):
     narrow = Select(budget=30, queries=8, heads="sum", before=0, after=1, contrast=0)
     alone = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=wide).selected
     capped = Selection((wide, narrow), total=11)
-    res = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=capped, logits="exact")
+    res = prefill_instrumented(llama, ids, maps, tail=8, mode="ridge", split=S, select=capped, logits="exact")
     assert set(alone.tolist()) < set(res.selected.tolist()) and res.selected.numel() == 11  # 7, then 4 of 30
     assert capped.budget_rows(96) == 11 and Selection((wide, narrow), total=0.5).budget_rows(96) == 37
-    one = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, exact_rows=res.selected.tolist(), logits="exact")
+    one = prefill_instrumented(llama, ids, maps, tail=8, mode="ridge", split=S, exact_rows=res.selected.tolist(), logits="exact", select=None)
     assert_same_prefill(res, one, llama.config.num_hidden_layers)
     first_only = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=Selection((wide, narrow), total=5)).selected
     assert first_only.numel() == 5 and set(first_only.tolist()) <= set(alone.tolist())
@@ -318,8 +327,8 @@ def test_selection_total_keeps_an_earlier_part_s_later_rounds(llama, ids, maps):
     sel = Selection((Select(budget=1, rounds=2, sink=1), Select(budget=5, sink=0)), total=1)
     res = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=sel)
     assert res.selected.tolist() == [0]
-    assert_same_prefill(prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=sel, logits="exact"),
-                        prefill(llama, ids, maps, tail=8, mode="ridge", split=S, exact_rows=[0], logits="exact"),
+    assert_same_prefill(prefill_instrumented(llama, ids, maps, tail=8, mode="ridge", split=S, select=sel, logits="exact"),
+                        prefill_instrumented(llama, ids, maps, tail=8, mode="ridge", split=S, exact_rows=[0], logits="exact", select=None),
                         llama.config.num_hidden_layers)
 
 
@@ -381,10 +390,10 @@ def test_selection_with_a_query_agnostic_part_equals_one_pass(llama, ids, maps):
     maps = dataclasses.replace(maps, mean_h=h.mean(0).float(), cov_h=torch.cov(h.T, correction=0).float())
     lev = Select.parse("prompt,budget=5")
     sel = Selection((lev, Select(budget=6, before=1, after=2)))
-    res = prefill(llama, ids, maps, tail=8, mode="ridge", select=sel, logits="exact")
+    res = prefill_instrumented(llama, ids, maps, tail=8, mode="ridge", select=sel, logits="exact")
     alone = prefill(llama, ids, maps, tail=8, mode="ridge", select=lev).selected
     assert set(alone.tolist()) < set(res.selected.tolist()) and res.selected.numel() == 11
-    one = prefill(llama, ids, maps, tail=8, mode="ridge", exact_rows=res.selected.tolist(), logits="exact")
+    one = prefill_instrumented(llama, ids, maps, tail=8, mode="ridge", exact_rows=res.selected.tolist(), logits="exact", select=None)
     assert_same_prefill(res, one, llama.config.num_hidden_layers)
 
 
@@ -392,9 +401,9 @@ def test_rounds_with_a_budget_smaller_than_the_rounds_still_spend_it(llama, ids,
     """A round whose share rounds down to no row does not end the selection: later rounds take the
     budget (here 3 rows over 4 rounds: 0, 1, 1, 1), from the same scores while nothing changed."""
     sel = Select(budget=3, rounds=4, before=0, after=0, sink=0)
-    res = prefill(llama, ids, maps, tail=8, mode="ridge", split=S, select=sel, logits="exact")
+    res = prefill_instrumented(llama, ids, maps, tail=8, mode="ridge", split=S, select=sel, logits="exact")
     assert res.selected.numel() == 3
-    one = prefill(llama, ids, maps, tail=8, exact_rows=res.selected.tolist(), mode="ridge", split=S, logits="exact")
+    one = prefill_instrumented(llama, ids, maps, tail=8, exact_rows=res.selected.tolist(), mode="ridge", split=S, logits="exact", select=None)
     assert_same_prefill(res, one, llama.config.num_hidden_layers)
 
 
@@ -475,8 +484,8 @@ def test_ngram_part_chooses_the_asked_needle_and_leaves_the_rest_to_attention(ll
     from ridgefill.select import ngram_scores
 
     passes = []  # the exact rows of each late-layer pass
-    run = fill_module._LateFill.run
-    monkeypatch.setattr(fill_module._LateFill, "run", lambda self, ex, *a, **k: passes.append(ex.tolist()) or run(self, ex, *a, **k))
+    run = fill_module._LateLayers.run
+    monkeypatch.setattr(fill_module._LateLayers, "run", lambda self, ex, *a, **k: passes.append(ex.tolist()) or run(self, ex, *a, **k))
     quoted = ids.clone()
     quoted[0, -5:-2] = quoted[0, 30:33]  # the tail quotes rows 30-32
     lex = Select.parse("ngram,budget=20,before=1,after=1,queries=8,min_score=0")
@@ -485,7 +494,7 @@ def test_ngram_part_chooses_the_asked_needle_and_leaves_the_rest_to_attention(ll
     assert len(passes) == 1 and set(alone) <= set(passes[0])  # one pass, the chosen rows exact in it
     passes.clear()
     sel = Selection((lex, Select(budget=12, before=1, after=2)), total=16)
-    res = prefill(llama, quoted, maps, tail=8, mode="ridge", select=sel, logits="exact")
+    res = prefill_instrumented(llama, quoted, maps, tail=8, mode="ridge", select=sel, logits="exact")
     assert len(passes) == 2 and set(alone) <= set(passes[0])  # chosen before the attention pass
     copied = quoted.clone()
     copied[0, 60:64] = copied[0, 10:14]  # exact rows 60-63 repeat rows 10-13, the 2-row tail quotes nothing
@@ -493,10 +502,10 @@ def test_ngram_part_chooses_the_asked_needle_and_leaves_the_rest_to_attention(ll
     far = prefill(llama, copied, maps, tail=2, exact_rows=range(60, 64), mode="ridge", select=lex).selected.tolist()
     assert far == [0]  # the exact rows 60-63 are not the question
     assert set(alone) < set(res.selected.tolist()) and res.selected.numel() == 16
-    one = prefill(llama, quoted, maps, tail=8, mode="ridge", exact_rows=res.selected.tolist(), logits="exact")
+    one = prefill_instrumented(llama, quoted, maps, tail=8, mode="ridge", exact_rows=res.selected.tolist(), logits="exact", select=None)
     assert_same_prefill(res, one, llama.config.num_hidden_layers)
-    none = prefill(llama, quoted, None, tail=8, mode="none", split=S, select=lex, logits="exact")
-    one = prefill(llama, quoted, None, tail=8, mode="none", split=S, exact_rows=alone, logits="exact")
+    none = prefill_instrumented(llama, quoted, None, tail=8, mode="none", split=S, select=lex, logits="exact")
+    one = prefill_instrumented(llama, quoted, None, tail=8, mode="none", split=S, exact_rows=alone, logits="exact", select=None)
     assert none.selected.tolist() == alone
     assert_same_prefill(none, one, llama.config.num_hidden_layers)
 
@@ -512,9 +521,18 @@ def test_ngram_parse_and_spec():
     assert Select.parse("on") is DEFAULT_SELECT and DEFAULT_SELECT.total == 0.05
     assert str(DEFAULT_SELECT) == ("ngram,budget=0.02+budget=0.02,reference=63+budget=0.03,before=0,after=3,"
                                    "queries=256,contrast=0+total=0.05")  # the spec docs/evaluate.md measured
-    from ridgefill.cli import SELECT_HELP  # the spec the help text names is the default
-    named = SELECT_HELP.split("the default selection: '")[1].split("'")[0]
-    assert Select.parse(named) == DEFAULT_SELECT
+    from ridgefill.select import PROMPT_PRESET, parse_setting  # the named settings of the command line
+    assert parse_setting("on") is DEFAULT_SELECT and parse_setting("off") is None
+    assert parse_setting("prompt") == Select(**PROMPT_PRESET)
+    assert parse_setting("prompt,budget=35") == Select(**PROMPT_PRESET, budget=35)
+    doubled = parse_setting("on,budget=0.1")  # every part's budget scaled with the total
+    assert doubled.total == 0.1 and [p.budget for p in doubled.parts] == pytest.approx([0.04, 0.04, 0.06])
+    assert [dataclasses.replace(p, budget=1) for p in doubled.parts] == [
+        dataclasses.replace(p, budget=1) for p in DEFAULT_SELECT.parts]
+    for bad, message in (("budget=4", "use one of on, prompt, off"), ("on,budget=2", "share of the prompt"),
+                         ("off,budget=0.1", "takes no budget"), ("on,after=3", "only ',budget=F'")):
+        with pytest.raises(InputError, match=message):
+            parse_setting(bad)
     for spec in ("ngram", "ngram,after=20", "ngram,min_score=0", "ngram,budget=0.02+attention+total=0.05"):
         assert str(Select.parse(spec)) == spec
     sel = Select.parse("ngram,budget=0.02+attention+total=0.05")

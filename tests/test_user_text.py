@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from ridgefill.calibrate import calibrate, calibration_plan
+from ridgefill import defaults
+from ridgefill.calibration import calibrate, calibration_plan
 from ridgefill.cli import main
 from ridgefill.errors import InputError, MapsFormatError, OverlapError
 from ridgefill.maps import load_maps
-from ridgefill.overlap import (Fingerprint, calibration_label, check_disjoint, fingerprint, maps_fingerprint,
-                               sample_for, window_hashes)
-from ridgefill.run import RunConfig, evaluation_plan, format_table, run
+from ridgefill.data.overlap import Fingerprint, calibration_label, check_disjoint, fingerprint, sample_for, window_hashes
+from ridgefill.evaluate.main_job import maps_fingerprint
+from ridgefill.evaluate.main_job import RunConfig, evaluation_plan, format_table, run
 from evaluate_helpers import ByteTokenizer, save_byte_model
 
 WORDS = ("harbour lantern meadow kettle falcon orchard compass violin pebble saddle window thistle anchor basket "
@@ -43,7 +44,7 @@ def work(tmp_path_factory):
     (root / "mixed.txt").write_text(prose(3, 200) + (root / "calib.txt").read_text()[:1200])
     (root / "short.txt").write_text("Too short to hold a document.\n")
     calibrate(model, tok, {"calib.txt": (root / "calib.txt").read_text()}, split=2, tokens=1024, chunk=128,
-              lam="auto", progress=False).save(root / "out" / "maps-S2.safetensors")
+              lam="auto", progress=False, context=0).save(root / "out" / "maps-S2.safetensors")
     return root, model, tok
 
 
@@ -120,24 +121,28 @@ def test_evaluation_plan_labels_documents_and_refuses_short_text():
     assert [len(d) for d in docs] == [100, 100, 100]
     assert labels == ["document 1 ('a.txt', tokens 0-100)", "document 2 ('b.txt', tokens 0-100)",
                       "document 3 ('a.txt', tokens 400-500)"]
-    with pytest.raises(InputError, match=r"'b.txt' has 300 tokens: room for 3 documents of 100 tokens but 4 "
+    # a full text is skipped while another has room: 8 documents are 5 of 'a.txt' and 3 of 'b.txt'
+    docs, labels = evaluation_plan(tok, {"a.txt": "a" * 500, "b.txt": "b" * 300}, 8, 99)
+    assert sum("'a.txt'" in x for x in labels) == 5 and sum("'b.txt'" in x for x in labels) == 3
+    with pytest.raises(InputError, match=r"'a.txt' has 500 tokens: room for 5 documents of 100 tokens but 6 "
                                          r"were asked of it \(documents are spread round-robin"):
-        evaluation_plan(tok, {"a.txt": "a" * 500, "b.txt": "b" * 300}, 8, 99)
+        evaluation_plan(tok, {"a.txt": "a" * 500, "b.txt": "b" * 300}, 9, 99)
 
 
 # --------------------------------------------------------------------------------------------------
 # the commands
 
-def test_calibrate_text_records_files_and_refuses_a_short_one(work, capsys):
+def test_calibrate_text_records_files_and_refuses_a_short_one(work, capsys, monkeypatch):
     root, _, _ = work
+    monkeypatch.setattr(defaults, "CHUNK", 128)  # the command line's calibration chunk, small for speed
     out = root / "cal" / "m.safetensors"
-    assert main(["calibrate", "--model", str(root / "model"), "--split", "2", "--tokens", "512", "--chunk", "128",
+    assert main(["calibrate", "--model", str(root / "model"), "--split", "2", "--tokens", "512",
                  "--text", str(root / "calib.txt"), str(root / "other.txt"), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"calibrated on: {root / 'calib.txt'} (256 of " in printed and str(root / "other.txt") in printed
     recs = load_maps(out).meta["calibration_texts"]
     assert [r["calibration_tokens"] for r in recs] == [256, 256]
-    assert main(["calibrate", "--model", str(root / "model"), "--split", "2", "--tokens", "512", "--chunk", "128",
+    assert main(["calibrate", "--model", str(root / "model"), "--split", "2", "--tokens", "512",
                  "--text", str(root / "calib.txt"), str(root / "short.txt"), "--out", str(root / "cal" / "x")]) == 2
     err = capsys.readouterr().err
     assert "short.txt' has 30 tokens, fewer than one calibration chunk (128 text tokens" in err
@@ -197,11 +202,11 @@ def test_run_on_user_text_prints_the_calibration_text_and_refuses_overlap(work, 
     table = format_table(rep)
     assert "maps calibrated on: calib.txt (1,024 of " in table and f"evaluated on: {root / 'other.txt'}" in table
     assert rep["modes"]["exact"]["delta_nll"] == 0 and rep["scored_tokens_per_mode"] == 64
-    code = main(["run", "--model", str(root / "model"), "--split", "2", "--tail", "32", "--calib-tokens", "1024",
-                 "--chunk", "128", "--docs", "2", "--doc-tokens", "200", "--gen-tokens", "4", "--repeats", "1",
-                 "--needle-trials", "0", "--out", str(root / "run2"), "--maps", maps, "--text", str(root / "mixed.txt")])
-    assert code == 2
-    err = capsys.readouterr().err
+    with pytest.raises(OverlapError) as refused:
+        run(RunConfig(model=str(root / "model"), split=2, tail=32, calib_tokens=1024, chunk=128, docs=2,
+                      doc_tokens=200, gen_tokens=4, repeats=1, needle_trials=0, out=str(root / "run2"), maps=maps,
+                      texts=(str(root / "mixed.txt"),)), progress=False)
+    err = str(refused.value)
     # the second document, the file's last 201 tokens, holds calibration text (the first does not)
     assert "evaluation document 2 (" in err and "overlaps the calibration text (calib.txt" in err
 
@@ -210,7 +215,7 @@ def test_eval_loss_with_a_maps_file(work, capsys):
     root, model, tok = work
     path = root / "own" / "maps-other.safetensors"
     calibrate(model, tok, {"other.txt": (root / "other.txt").read_text()}, split=2, tokens=512, chunk=128,
-              lam="auto", progress=False).save(path)
+              lam="auto", progress=False, context=0).save(path)
     args = ["--model", str(root / "model"), "--out", str(root / "own"), "--quiet", "--maps", str(path), *LOSS]
     assert main(["eval", "loss", "--splits", "2", "--text", str(root / "calib.txt"), *args]) == 0
     rep = json.loads((root / "own" / "loss.json").read_text())
@@ -225,8 +230,8 @@ def test_eval_loss_with_a_maps_file(work, capsys):
 
 
 def test_old_maps_fitted_on_the_bundled_novels_are_checked_by_rebuilding_their_chunks():
-    from ridgefill.assets import CALIBRATION_BOOKS, EVALUATION_BOOKS, load_texts
-    from ridgefill.calibrate import text_hash
+    from ridgefill.data.texts import CALIBRATION_BOOKS, EVALUATION_BOOKS, load_texts
+    from ridgefill.data.texts import text_hash
     from ridgefill.maps import RidgeMaps
 
     books = load_texts()

@@ -1,8 +1,8 @@
-"""Fixtures of the vLLM plugin tests. They run in the vLLM environment (``bash ci/test-vllm``).
+"""Fixtures of the vLLM plugin tests. They run in the vLLM environment (``bash .ci/test-vllm``).
 
 The reference values come from ``ridgefill`` itself, which needs the project's main environment
 (another ``transformers``): ``scripts/vllm_reference.py`` runs once per session under
-``$RIDGEFILL_MAIN_PYTHON`` (default: ``.venv/bin/python`` of this checkout, which ``bash ci/test``
+``$RIDGEFILL_MAIN_PYTHON`` (default: ``.venv/bin/python`` of this checkout, which ``bash .ci/test``
 creates) and writes the model folder, small fitted maps and the reference prefill's logits and greedy
 tokens to a JSON file. Each vLLM engine runs in its own process (``tests_vllm/run_engine.py``).
 ``$RIDGEFILL_VLLM_TEST_DIR`` keeps those files between runs (default: a fresh temporary folder).
@@ -40,7 +40,7 @@ def reference(work_dir) -> dict:
     if not out.exists():
         if not MAIN_PYTHON.exists():
             raise RuntimeError(f"the reference needs the project's main environment at {MAIN_PYTHON} (run `bash "
-                               "ci/test` or `python3 -m venv .venv && .venv/bin/pip install -e .` first, or set "
+                               ".ci/test` or `python3 -m venv .venv && .venv/bin/pip install -e .` first, or set "
                                "RIDGEFILL_MAIN_PYTHON)")
         env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         subprocess.run([str(MAIN_PYTHON), str(REPO / "scripts" / "vllm_reference.py"), "--out", str(out),

@@ -22,7 +22,7 @@ in the model's dtype), which costs exactly what fitted maps cost. Likewise ``--m
 is a ``LlamaForCausalLM`` with random weights and the Llama-3.1-8B shape, built on the device: dense
 matmuls and attention take the same time whatever the weights' values.
 
-With ``--calibration`` it also measures calibration (:func:`ridgefill.calibrate.collect_stats`, the
+With ``--calibration`` it also measures calibration (:func:`ridgefill.calibration.collect_stats`, the
 forward through layers ``0..L-2`` plus the float64 statistics): tokens/s relative to a plain forward
 over the same chunks, and peak memory for two text lengths (it should not grow with the text).
 
@@ -33,7 +33,6 @@ the model, device, dtype, threads and CPU count. ``--json`` writes the whole rep
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import platform
@@ -46,15 +45,16 @@ from pathlib import Path
 
 import torch
 
+from . import defaults
 from .adapters import adapter_for
 from .costs import ModelShape, exact_cost, fill_cost, ideal_ratio
 from .errors import InputError
 from .validate import check_context
-from .fill import prefill
+from .fill import prefill, prefill_instrumented
 from .maps import RidgeMaps
-from .select import as_selection
+from .select import as_select, as_selection
 
-__all__ = ["BenchConfig", "PRESETS", "add_subcommand", "bench", "format_table", "random_model", "timing_maps"]
+__all__ = ["BenchConfig", "PRESETS", "bench", "format_table", "random_model", "timing_maps"]
 
 #: Random-weight model shapes by name (``LlamaConfig`` keyword arguments).
 PRESETS: dict[str, dict] = {
@@ -99,8 +99,8 @@ class BenchConfig:
     calibration: bool = False
     calib_chunk: int = 512
     calib_lengths: tuple[int, int] = (4096, 16384)
-    select: object = None  # a ridgefill.select.Select or Selection: also time the fill with row selection
-    refit: float = 0.0  # > 0: also time the fill with the maps refitted on the exact rows (and select with it)
+    #: also time the fill with this row selection (a spec such as ``"on"``, a Select or Selection; ``None``: off)
+    select: object = defaults.SELECT
     context: int = 1  # the maps' input: 1, [h_S(t), h_S(t-1)] (context maps, the default); 0, h_S(t)
     json: str | None = None
     command: str = ""
@@ -163,8 +163,8 @@ def timing_maps(model: torch.nn.Module, split: int, *, seed: int = 0, scale: flo
     w = torch.randn(late, d * (1 + context), d, generator=g, device=p.device, dtype=torch.float32) * (scale / d ** 0.5)
     w[:, :d] += torch.eye(d, device=p.device)
     b = torch.zeros(late, d, device=p.device)
-    # zero means, an identity covariance and a token count: the centred fill, query-agnostic selection and
-    # the refit on the exact rows can be timed
+    # zero means, an identity covariance and a token count: the centred fill and query-agnostic selection
+    # can be timed
     meta = {"purpose": "timing only (random)", "kind": "inputs", "calibration_tokens": 65536, "lambda_spec": "auto",
             "context": context}
     return RidgeMaps(split, w.to(p.dtype), b.to(p.dtype), [1.0] * late, meta,
@@ -264,7 +264,7 @@ def _load() -> float | None:
 
 
 def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3, warmup: int = 1,
-                 seed: int = 0, select=None, refit: float = 0.0, progress: bool = False) -> dict:
+                 seed: int = 0, select=None, progress: bool = False) -> dict:
     """Time exact and fill prefill of ``n`` random token ids (see the module docstring).
 
     With ``select`` (a :class:`ridgefill.select.Select` or :class:`~ridgefill.select.Selection`) a third
@@ -273,10 +273,8 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     ``rounds``, ``queries``). A selection mixing parts chosen up front (leverage, n-gram; the default
     ``--select on``) and attention parts is counted as if all its rows were chosen by attention (rows
     chosen up front are exact in both passes, and the leverage scores are left out): its bound is then a
-    little high (2 % at 2,048 rows with 102 + 102 rows, measured with the tenth session's default). On the
+    little high (2 % at 2,048 rows with 102 + 102 chosen rows). On the
     random token ids of the bench the n-gram part finds no match and the attention parts choose the rows.
-    With ``refit > 0`` the fill with the maps refitted on the exact rows (:mod:`ridgefill.refit`) is timed
-    too, and the selection prefill refits as well; their bounds count the refit (``fill_cost(refit=True)``).
     With ``progress`` one line per warm-up and timed round goes to stderr (seconds per prefill), and one
     after the untimed peak-memory round, so a long length shows where it is.
 
@@ -285,8 +283,7 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
         ``ratio`` (median of per-pair ``exact/fill``), ``ratios``, ``measured_over_ideal``,
         ``exact_peak_bytes``/``fill_peak_bytes``, ``load`` (1-minute load averages before and after);
         with ``select`` also ``sel_s``, ``sel_ratio``, ``sel_ideal``, ``sel_measured_over_ideal``,
-        ``sel_rows`` (rows chosen); with ``refit`` also ``refit_s``, ``refit_ratio``, ``refit_ideal``,
-        ``refit_measured_over_ideal``.
+        ``sel_rows`` (rows chosen).
 
     Raises:
         InputError: ``tail`` not in ``1..n-1``, ``repeats < 1`` or ``warmup < 0``.
@@ -299,11 +296,9 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     g = torch.Generator().manual_seed(seed + n)
     ids = torch.randint(0, model.config.vocab_size, (1, n), generator=g).to(device)
     runs = {"exact": lambda: prefill(model, ids, tail=tail, mode="exact"),
-            "fill": lambda: prefill(model, ids, maps, tail=tail, mode="ridge")}
-    if refit > 0:
-        runs["refit"] = lambda: prefill(model, ids, maps, tail=tail, mode="ridge", refit=refit)
+            "fill": lambda: prefill(model, ids, maps, tail=tail, mode="ridge", select=None)}
     if select is not None:
-        runs["sel"] = lambda: prefill(model, ids, maps, tail=tail, mode="ridge", select=select, refit=refit)
+        runs["sel"] = lambda: prefill(model, ids, maps, tail=tail, mode="ridge", select=select)
     def report(what: str, values: dict, unit: str) -> None:
         if progress:
             done = ", ".join(f"{name} {v} {unit}" for name, v in values.items())
@@ -335,18 +330,13 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     ideal = ideal_ratio(model.config, n, maps.split, tail, **shape)
     ratio = statistics.median(ratios)
     extra = {}
-    if refit > 0:
-        refit_ideal = ideal_ratio(model.config, n, maps.split, tail, refit=True, **shape)
-        refit_ratio = statistics.median(e / f for e, f in zip(times["exact"], times["refit"]))
-        extra = {"refit_s": statistics.median(times["refit"]), "refit_s_all": times["refit"], "refit_ratio": refit_ratio,
-                 "refit_ideal": refit_ideal, "refit_measured_over_ideal": refit_ratio / refit_ideal, "refit": refit}
     if select is not None:
-        chosen = prefill(model, ids, maps, tail=tail, mode="ridge", select=select, refit=refit).selected.tolist()
+        chosen = prefill(model, ids, maps, tail=tail, mode="ridge", select=select).selected.tolist()
         sel = as_selection(select)  # leverage and n-gram parts: chosen up front; attention parts: rounds + 1 passes
         sel_ideal = ideal_ratio(model.config, n, maps.split, tail, selected=chosen, rounds=sel.rounds,
-                                queries=sel.scored_rows(tail + len(chosen)), refit=refit > 0, **shape)
+                                queries=sel.scored_rows(tail + len(chosen)), **shape)
         sel_ratio = statistics.median(e / f for e, f in zip(times["exact"], times["sel"]))
-        extra |= {"sel_s": statistics.median(times["sel"]), "sel_s_all": times["sel"], "sel_ratio": sel_ratio,
+        extra = {"sel_s": statistics.median(times["sel"]), "sel_s_all": times["sel"], "sel_ratio": sel_ratio,
                  "sel_ideal": sel_ideal, "sel_measured_over_ideal": sel_ratio / sel_ideal, "sel_rows": len(chosen),
                  "sel_peak_bytes": peaks["sel"]}
     return {**extra, "n": n, "tail": tail, "ideal": ideal, "ratio": ratio, "measured_over_ideal": ratio / ideal,
@@ -408,8 +398,8 @@ def check_fast_path(model, maps: RidgeMaps, n: int = 512, tail: int = 64, seed: 
     n = min(n, getattr(model.config, "max_position_embeddings", n) or n)
     tail = max(1, min(tail, n - 1))
     ids = torch.randint(0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed)).to(device)
-    a = prefill(model, ids, maps, tail=tail, mode="ridge", logits="exact")
-    b = prefill(model, ids, maps, tail=tail, mode="ridge", logits="exact", fast=False)
+    a = prefill_instrumented(model, ids, maps, tail=tail, mode="ridge", select=None, logits="exact")
+    b = prefill_instrumented(model, ids, maps, tail=tail, mode="ridge", select=None, logits="exact", fast=False)
 
     def rel(x, y):
         return float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-30))
@@ -425,7 +415,7 @@ def bench_calibration(model, lengths: tuple[int, ...], chunk: int, *, seed: int 
     """Calibration throughput and memory at several text lengths (random token ids).
 
     For each length ``n`` (a multiple of ``chunk``): a plain forward (``model(ids, logits_to_keep=1)``,
-    one call per chunk) and :func:`ridgefill.calibrate.collect_stats_many` over the same chunks (split
+    one call per chunk) and :func:`ridgefill.calibration.collect_stats_many` over the same chunks (split
     ``L // 2``, the float64 statistics included, of context maps with ``context = 1``), each timed and its
     peak memory measured.
 
@@ -436,7 +426,7 @@ def bench_calibration(model, lengths: tuple[int, ...], chunk: int, *, seed: int 
     Raises:
         InputError: a length that is not a positive multiple of ``chunk``.
     """
-    from .calibrate import collect_stats_many
+    from .calibration import collect_stats_many
 
     device = next(model.parameters()).device
     split = model.config.num_hidden_layers // 2
@@ -489,7 +479,7 @@ def _resolve(cfg: BenchConfig) -> tuple[torch.nn.Module, str, torch.device, torc
     if name in PRESETS:
         model = random_model(name, device, dtype, cfg.seed)
     else:
-        from .assets import load_model
+        from .data.models import load_model
 
         model, _, name = load_model(name, dtype=dtype, device=device)
     return model, name, device, dtype
@@ -507,15 +497,14 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
     if cfg.calibration and any(c < cfg.calib_chunk or c % cfg.calib_chunk for c in cfg.calib_lengths):
         raise InputError(f"--calib-lengths {tuple(cfg.calib_lengths)} must be positive multiples of the chunk "
                          f"{cfg.calib_chunk} (--calib-chunk)")
-    if cfg.refit > 0 and cfg.context:
-        raise InputError("--refit refits maps that read the row's own h_S: pass --context 0 with it")
     if cfg.threads:
         if cfg.threads < 1:
             raise InputError(f"--threads {cfg.threads} must be ≥ 1")
         torch.set_num_threads(cfg.threads)
+    select = as_select(cfg.select)  # a bad spec fails before the model is built
     model, name, device, dtype = _resolve(cfg)
     L = model.config.num_hidden_layers
-    split = L // 2 if cfg.split is None else cfg.split
+    split = defaults.split_for(L) if cfg.split is None else cfg.split
     tail = cfg.tail or (2048 if device.type == "cuda" else 256)
     lengths = tuple(cfg.lengths or (_GPU_LENGTHS if device.type == "cuda" else _CPU_LENGTHS))
     if not lengths or any(n < 2 for n in lengths):
@@ -539,7 +528,7 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
         "repeats": cfg.repeats, "warmup": cfg.warmup, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "torch": torch.__version__, "load_average": None, "maps": "random (timing only)",
         "fast_path_check": check, "rows": [], "calibration": None, "complete": False,
-        "select": None if cfg.select is None else str(cfg.select), "refit": cfg.refit, "context": cfg.context,
+        "select": None if select is None else str(select), "context": cfg.context,
     }
 
     def save():
@@ -553,7 +542,7 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
         if progress:
             print(f"bench N={n} ...", file=sys.stderr, flush=True)
         row = bench_length(model, maps, n, tail=tail, repeats=cfg.repeats, warmup=cfg.warmup, seed=cfg.seed,
-                           select=cfg.select, refit=cfg.refit, progress=progress)
+                           select=select, progress=progress)
         e, f = exact_cost(shape, n), fill_cost(shape, n, split, tail, context=cfg.context)
         row.update(exact_tflop=e.flops / 1e12, fill_tflop=f.flops / 1e12,
                    exact_tflops_per_s=e.flops / 1e12 / row["exact_s"], fill_tflops_per_s=f.flops / 1e12 / row["fill_s"])
@@ -596,16 +585,9 @@ def format_table(report: dict) -> str:
     lines.append("ideal: exact/fill FLOPs (ridgefill.costs); measured: median of per-pair exact/fill wall-time ratios; "
                  "MiB: peak memory above the model (CPU: RSS, approximate); cpu-time: median per-pair ratio of process "
                  "CPU seconds (CPU only; less sensitive to other processes); load: 1-min load average before/after")
-    refits = [r for r in report["rows"] if "refit_ratio" in r]
-    if refits:
-        lines.append(f"with the maps refitted on the exact rows (refit={report.get('refit')}):")
-        lines.append(f"{'N':>7} {'ideal':>6} {'measured':>9} {'meas/ideal':>10} {'refit s':>9}")
-        lines += [f"{r['n']:>7} {r['refit_ideal']:>6.2f} {r['refit_ratio']:>8.2f}x "
-                  f"{r['refit_measured_over_ideal']:>10.2f} {r['refit_s']:>9.3f}" for r in refits]
     sel = [r for r in report["rows"] if "sel_ratio" in r]
     if sel:
-        lines.append(f"with row selection ({report.get('select')})"
-                     + (f" and the refit (refit={report.get('refit')}):" if report.get("refit") else ":"))
+        lines.append(f"with row selection ({report.get('select')}):")
         lines.append(f"{'N':>7} {'rows':>6} {'ideal':>6} {'measured':>9} {'meas/ideal':>10} {'sel s':>9}")
         lines += [f"{r['n']:>7} {r['sel_rows']:>6} {r['sel_ideal']:>6.2f} {r['sel_ratio']:>8.2f}x "
                   f"{r['sel_measured_over_ideal']:>10.2f} {r['sel_s']:>9.3f}" for r in sel]
@@ -625,57 +607,3 @@ def format_table(report: dict) -> str:
             lines.append(f"{c['tokens']:>12} {c['forward_tok_s']:>14.0f} {c['calib_tok_s']:>12.0f} {c['relative']:>9.2f} "
                          f"{_mib(c['forward_peak_bytes']):>12} {_mib(c['calib_peak_bytes']):>10}")
     return "\n".join(lines)
-
-
-def _lengths(value: str) -> tuple[int, ...]:
-    out = []
-    for part in value.split(","):
-        part = part.strip().lower()
-        mult = 1024 if part.endswith("k") else 1
-        try:
-            out.append(int(part[:-1] if mult > 1 else part) * mult)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"lengths must be comma-separated integers such as 1024,4k; got {value!r}") from None
-    return tuple(out)
-
-
-def _run(args) -> None:
-    cfg = BenchConfig(model=args.model, device=args.device, dtype=args.dtype, lengths=args.lengths, split=args.split,
-                      tail=args.tail, repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed,
-                      calibration=args.calibration, calib_chunk=args.calib_chunk,
-                      calib_lengths=args.calib_lengths, json=args.json, select=args.select, refit=args.refit,
-                      context=args.context,
-                      command="ridgefill " + " ".join(sys.argv[1:]) if sys.argv else "ridgefill bench")
-    print(format_table(bench(cfg)))
-
-
-def add_subcommand(subparsers) -> argparse.ArgumentParser:
-    from .cli import REFIT_HELP, SELECT_HELP, add_context, parse_refit, parse_select
-
-    """Register ``ridgefill bench`` on ``subparsers``; the parser's ``func`` runs it."""
-    p = subparsers.add_parser("bench", help="time exact vs fill prefill at several lengths, with the ideal ratio",
-                              description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None,
-                   help=f"'smollm2' (CPU default), a random-weight shape {sorted(PRESETS)} ('llama3-8b-random' is the "
-                        "CUDA default), or a local model directory / .gguf file")
-    p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default=None, choices=sorted(_DTYPES), help="default float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--lengths", type=_lengths, default=None, help="prompt lengths, e.g. 1k,2k,4k,8k (default by device)")
-    p.add_argument("--split", type=int, default=None, help="split S (default L // 2)")
-    p.add_argument("--tail", type=int, default=None, help="exact tail rows (default 256 on CPU, 2048 on CUDA)")
-    p.add_argument("--repeats", type=int, default=3, help="timed exact/fill pairs per length (default 3)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--calibration", action="store_true", help="also measure calibration speed and memory")
-    p.add_argument("--calib-chunk", type=int, default=512, help="calibration chunk length (default 512)")
-    p.add_argument("--calib-lengths", type=_lengths, default=(4096, 16384),
-                   help="two or more calibration text lengths in tokens (default 4k,16k)")
-    p.add_argument("--select", type=parse_select, default=None, help="also time the fill with " + SELECT_HELP
-                   + " (default off)")
-    p.add_argument("--refit", type=parse_refit, default=0.0, help="also time the fill with the maps refitted on "
-                   "the exact rows (with --select, the selection refits too): " + REFIT_HELP + " (default 0)")
-    add_context(p, BenchConfig.context)
-    p.add_argument("--json", default=None, help="also write the report to this JSON file")
-    p.set_defaults(func=_run)
-    return p

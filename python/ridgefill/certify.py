@@ -27,7 +27,6 @@ instances (``m ≈ 8`` rows, ``d ≈ 4``) whose minimiser is computed exactly wi
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -498,7 +497,7 @@ def lean_certificate_source(instances: Sequence[ExactInstance], *, wrong: Sequen
            "is checked with `KvaLean.RidgeInstance.check` by `decide +kernel`: for an accepted one",
            "`optimal_of_check` then makes its `W` the ridge minimiser (and, when `λ > 0`, `unique_of_check`",
            "the only one); a wrong one must be rejected (`check = false`). Each check is a named theorem",
-           "(`<name>_optimal`, `<name>_rejected`), so the axiom audit of `ci/check-lean` covers it."]
+           "(`<name>_optimal`, `<name>_rejected`), so the axiom audit of `.ci/check-lean` covers it."]
     if header:
         out += [""] + header.strip().splitlines()
     out += ["-/", "", "public section", "", f"namespace {LEAN_NAMESPACE}", ""]
@@ -551,35 +550,3 @@ def export_lean_certificate(instances: Sequence[ExactInstance], path: str | Path
             raise CertificateError(f"instance {inst.name} passes the checker: it is not a wrong certificate")
     text = lean_certificate_source(instances, wrong=wrong, header=header)
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-# --------------------------------------------------------------------------------------------------
-# command line
-# --------------------------------------------------------------------------------------------------
-
-def add_subcommand(subparsers) -> None:
-    """Register ``ridgefill certify MAPS [--stats F] [--out DIR] [--max-excess-rel X]``."""
-    p = subparsers.add_parser("certify", help="write and check a numeric certificate per late layer of a maps file")
-    p.add_argument("maps", help="maps file (.safetensors) written by `ridgefill calibrate`")
-    p.add_argument("--stats", default=None, help="statistics file (default: <maps name>.stats.safetensors beside it)")
-    p.add_argument("--out", default=None, help="folder for the certificates (default: <maps name>.certs beside it)")
-    p.add_argument("--max-excess-rel", type=float, default=MAX_EXCESS_REL,
-                   help=f"criterion: certified (J(W) − J(W★)) / J(W) at most this (default {MAX_EXCESS_REL:g})")
-    p.set_defaults(func=_cmd_certify)
-
-
-def _cmd_certify(a: argparse.Namespace) -> None:
-    paths = certify_maps(a.maps, a.out, stats_file=a.stats, max_excess_rel=a.max_excess_rel)
-    failed = []
-    print(f"{'layer':>5} {'λ':>10} {'resid rel':>10} {'eig min':>11} {'eig max':>11} {'μ':>10} {'excess rel':>10}  ok")
-    for p in paths:
-        c = read_certificate(p)
-        check = check_certificate(c)
-        print(f"{c['layer']:>5} {c['lambda']:>10.3g} {c['residual_rel']:>10.2e} {c['gram_eig_min']:>11.3e} "
-              f"{c['gram_eig_max']:>11.3e} {c['reg_eig_lower']:>10.3e} {c['excess_rel']:>10.2e}  "
-              f"{'yes' if check.passed else 'NO'}")
-        if not check.passed:
-            failed.append((c["layer"], check.failures))
-    print(f"certificates: {paths[0].parent if paths else a.out}")
-    if failed:
-        raise CertificateError("; ".join(f"layer {layer}: {', '.join(f)}" for layer, f in failed))

@@ -188,7 +188,7 @@ def exact_cost(shape: ModelShape, n: int, *, bytes_per_value: int = 2) -> Prefil
 
 def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = True,
               bytes_per_value: int = 2, selected=(), rounds: int = 1, kv_maps: bool = False,
-              queries: int = 1, refit: bool = False, context: int = 0) -> PrefillCost:
+              queries: int = 1, context: int = 0) -> PrefillCost:
     """Cost of the fill prefill of ``n`` rows at split ``S = split`` with ``T = tail`` exact rows.
 
     Args:
@@ -218,10 +218,6 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
             scoring runs only in layers with a kept head).
         kv_maps: K/V maps (kind ``"kv"``): each filled row's map is ``2·d·(2·H_kv·h) + 2·H_kv·h``
             FLOPs and replaces the map and the K/V projections.
-        refit: the maps are refitted once, in the first pass, on its ``E`` exact rows (``prefill(...,
-            refit=ρ)``, :mod:`ridgefill.refit`): ``2·E·d²`` for the exact rows' Gram, then per late layer
-            ``4·E·d²`` (their residuals and cross term) and ``8·d³/3`` (a Cholesky factorisation and a
-            solve with ``d`` right-hand sides). Later passes keep the filled rows' K/V.
         context: ``1`` for context maps (:func:`ridgefill.fill.context_features`): each map reads
             ``2·d`` features, so it costs ``2·(2d)·k + k`` FLOPs per filled row and stores ``2d·k + k``
             values per late layer (``k = d``, or ``2·H_kv·h`` with ``kv_maps``); ``0``: ``d`` features.
@@ -237,8 +233,6 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
     if not isinstance(rounds, int) or rounds < 0:
         raise InputError(f"rounds={rounds!r} must be an int ≥ 0")
     context = check_context(context)
-    if refit and context:
-        raise InputError("refit refits maps that read h_S alone: it is not counted with context=1 (prefill refuses it)")
     row = shape.projection_flops + shape.mlp_flops
     k = len(selected)
     # exact late-layer rows over all passes: the tail once, then the tail and the chosen rows per round
@@ -254,10 +248,6 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
     map_out = kv_out if kv_maps else shape.hidden
     map_flops = 2 * features * map_out + map_out if (maps or kv_maps) else 0
     kv_flops = 0 if kv_maps else shape.kv_flops
-    refit_flops = 0
-    if refit:  # the first pass refits on its exact rows (the rows chosen up front are among them)
-        d, e = shape.hidden, tail + (k if rounds == 0 else 0)
-        refit_flops = 2 * e * d * d + late * (4 * e * d * d + 8 * d ** 3 // 3)
     chosen_attention = sum(shape.attention_flops(p, p + 1) for p in selected)
     scoring = passes * min(queries, tail + k) * shape.attention_flops(n - 1, n)
     parts = {
@@ -266,7 +256,7 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
         "attention": (lower * shape.attention_flops(0, n)
                       + late * ((1 + passes) * shape.attention_flops(filled, n)
                                 + chosen_passes * chosen_attention + scoring)),
-        "maps": late * kv_rows * map_flops + leverage + refit_flops,
+        "maps": late * kv_rows * map_flops + leverage,
         "lm_head": 2 * shape.hidden * shape.vocab,
     }
     assert parts["projections"] + parts["mlp"] == (lower * n + late * exact_rows) * row + late * kv_rows * kv_flops
@@ -275,16 +265,15 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
 
 
 def ideal_ratio(config_or_shape, n: int, split: int, tail: int, *, maps: bool = True, selected=(),
-                rounds: int = 1, kv_maps: bool = False, queries: int = 1, refit: bool = False,
-                context: int = 0) -> float:
+                rounds: int = 1, kv_maps: bool = False, queries: int = 1, context: int = 0) -> float:
     """``exact_cost(N).flops / fill_cost(N, S, T, ...).flops``: the speed-up of an ideal fill path when
     prefill is compute-bound. Accepts a ``transformers`` config or a :class:`ModelShape`; ``selected``,
-    ``rounds``, ``kv_maps``, ``queries``, ``refit`` and ``context`` as in :func:`fill_cost`.
+    ``rounds``, ``kv_maps``, ``queries`` and ``context`` as in :func:`fill_cost`.
 
     Raises:
         InputError: a size out of range or a config without the needed fields.
     """
     shape = config_or_shape if isinstance(config_or_shape, ModelShape) else ModelShape.from_config(config_or_shape)
     cost = fill_cost(shape, n, split, tail, maps=maps, selected=selected, rounds=rounds, kv_maps=kv_maps,
-                     queries=queries, refit=refit, context=context)
+                     queries=queries, context=context)
     return exact_cost(shape, n).flops / cost.flops

@@ -11,14 +11,13 @@ interrupted save never replaces an existing file.
 
 Beside a maps file ``<name>.safetensors``, :meth:`RidgeMaps.save` also writes the float64 statistics the
 maps were solved on, as ``<name>.stats.safetensors`` (:func:`save_stats`), when it has them (maps from
-:func:`ridgefill.calibrate.calibrate` do); ``ridgefill certify`` reads them (:mod:`ridgefill.certify`).
+:func:`ridgefill.calibration.calibrate` do); ``ridgefill certify`` reads them (:mod:`ridgefill.certify`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from torch import Tensor
 from .errors import InputError, MapsFormatError, MapsMismatchError
 from .fileio import atomic_write, atomic_write_all, file_lock
 from .ridge import CONTEXT_PENALTY_RANGE, RidgeStats, check_context_penalty
-from .validate import finite_float, is_int, is_real
+from .validate import check_context, finite_float, is_int
 
 FORMAT_VERSION = 1
 _CONFIG_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -100,6 +99,48 @@ def _same_weights(want: list[float], have: list[float], dtypes: list[torch.dtype
     ok = bool((diff <= eps * torch.maximum(a.abs(), b.abs()) + tiny).all()) if a.numel() else True
     rel = float((diff / torch.maximum(a.abs(), b.abs()).clamp_min(tiny)).max()) if a.numel() else 0.0
     return ok, rel
+
+
+def predict_inputs(h_split: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """The RidgeFill prediction ``x̂_l = h_S W_l + b_l``.
+
+    Args:
+        h_split: ``[batch, rows, f]`` split state of the filled rows (``f = d``), or for context maps their
+            :func:`context_features` (``f = 2d``).
+        weight: ``W_l`` ``[f, k]``; bias: ``b_l`` ``[k]`` (same dtype as ``h_split``); ``k = d`` for
+            input maps, ``2·kv_dim`` for K/V maps (whose prediction is the pre-RoPE keys and values).
+
+    Returns:
+        ``[batch, rows, k]``. With ``W = I`` and ``b = 0`` it is ``h_S`` itself, the identity fill
+        (Lean: ``KvaLean.Identity.identity_fill_eq``).
+    """
+    out = torch.addmm(bias, h_split.reshape(-1, h_split.shape[-1]), weight)
+    return out.view(*h_split.shape[:-1], weight.shape[-1])
+
+
+def context_features(h_split: Tensor, context: int) -> Tensor:
+    """The input rows of the maps: ``h_S`` itself (``context = 0``), or for context maps (``context = 1``)
+    each row's split state beside the previous row's, ``[h_S(t), h_S(t−1)]``, with zeros before row 0.
+
+    Row ``t``'s features read rows ``t − 1`` and ``t`` only, so a filled row's prediction stays causal
+    (Lean: ``KvaLean.Decoder.fillCache_ofContextMap``, ``KvaLean.Decoder.filled_causal``). The first row of
+    every calibration chunk (position 0) gets zeros as its previous state, as row 0 of a prompt does.
+
+    Args:
+        h_split: ``[..., rows, d]`` split states of consecutive rows from position 0 (any float dtype).
+        context: ``0`` or ``1``.
+
+    Returns:
+        ``[..., rows, d]`` (``h_split`` itself) or ``[..., rows, 2d]``, in the dtype of ``h_split``.
+
+    Raises:
+        InputError: ``context`` not 0 or 1.
+    """
+    context = check_context(context)
+    if context == 0:
+        return h_split
+    prev = torch.nn.functional.pad(h_split.narrow(-2, 0, h_split.shape[-2] - 1), (0, 0, 1, 0))
+    return torch.cat([h_split, prev], -1)
 
 
 @dataclass

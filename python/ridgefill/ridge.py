@@ -20,12 +20,14 @@ form) states that this solve is the minimiser; ``KvaLean.Identity`` (``ridge_ten
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from .errors import InputError, NonFiniteError, SingularGramError
 from .validate import check_finite, check_real, is_real
@@ -357,7 +359,7 @@ class FittedMaps:
 
 
 def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
-             heldout: RidgeStats | None = None, context_penalty: float = 1.0) -> FittedMaps:
+             heldout: RidgeStats | None = None, context_penalty: float = 1.0, progress: bool = False) -> FittedMaps:
     """Fit every late layer's map from calibration statistics.
 
     Args:
@@ -366,6 +368,8 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
             ``λ`` of :func:`lambda_grid` with the lowest held-out error (:func:`heldout_errors`); the final
             map is then refitted on ``stats`` and ``heldout`` together with that ``λ``.
         heldout: statistics of held-out rows; required for ``"auto"``, used for diagnostics otherwise.
+        progress: show a progress bar per late layer for the choice of ``λ``, the solve and the held-out report
+            (on stderr).
         context_penalty: context maps only: the previous row's block of ``W_l`` is penalised
             ``context_penalty · λ`` (the row's own block ``λ``), i.e. the objective is
             ``‖F W − X‖² + λ‖W_h − I‖² + α λ‖W_p‖²`` with ``α = context_penalty``. It is solved as the
@@ -373,7 +377,7 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
             the same Lean theorems), whose previous-row block of ``W`` is then divided by ``√α`` back to
             the raw features; ``"auto"`` chooses ``λ`` on those scaled features. ``1`` is the plain ridge
             on ``[h_S(t), h_S(t−1)]``; larger values lean the maps toward reading ``h_S(t)`` alone
-            (docs/evaluate.md, "Sixteenth session").
+            (research/log.md, "Context maps").
 
     Returns:
         :class:`FittedMaps`; ``W_l`` solves ``(G + λI) W = B_l + λW₀`` on centred statistics and
@@ -419,7 +423,7 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
         if heldout is None or heldout.count == 0:
             raise InputError("λ = 'auto' needs held-out statistics (calibrate on more than one chunk)")
         lams = []
-        for layer in range(n):
+        for layer in tqdm(range(n), desc="choose λ (held-out error)", unit="layer", disable=not progress):
             gram, _, _ = stats.centred(layer)
             grid = lambda_grid(gram)
             errs = heldout_errors(stats, heldout, layer, grid)
@@ -438,13 +442,15 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
         prior = torch.zeros(final.features, final.outputs, dtype=F64)
     weights, biases = [], []
     with one_thread():  # the bits the certificate recomputes, whatever the caller's thread count
-        for layer in range(n):
+        for layer in tqdm(range(n), desc="solve the maps", unit="layer", disable=not progress):
             gram, cross, _ = final.centred(layer)
             w = solve_ridge(gram, cross, lams[layer], prior)
             weights.append(w)
             biases.append(mx[layer] - mh @ w)
     rel = rel_id = None
     if heldout is not None and heldout.count:
+        if progress:
+            print("held-out report ...", file=sys.stderr, flush=True)
         rel, rel_id = _heldout_report(stats, heldout, lams)  # predictions, hence errors, do not depend on the scale
     weights = torch.stack(weights)
     if penalty != 1:  # back to the raw features: b = x̄ − h̄' W' = x̄ − h̄ W already

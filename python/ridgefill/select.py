@@ -29,12 +29,12 @@ from torch import Tensor
 from .errors import InputError
 
 
-#: The query-agnostic part's preset (``"prompt"`` in a spec; docs/evaluate.md, "Fifth session").
+#: The query-agnostic part's preset (``"prompt"`` in a spec; research/log.md, "Row selection").
 PROMPT_PRESET = {"by": "leverage", "before": 14, "after": 2, "contrast": 0}
 
 #: The lexical part's preset (``"ngram"`` in a spec): rows that end 2- to 5-token sequences the tail's
 #: last 64 rows also hold, scoring at least 3 (:attr:`Select.min_score`), each widened to 4 rows before and
-#: 16 after (docs/evaluate.md, "Ninth session", "Tenth session", "Eleventh session").
+#: 16 after (research/log.md, "Row selection").
 NGRAM_PRESET = {"by": "ngram", "before": 4, "after": 16, "queries": 64, "contrast": 0, "min_score": 3.0}
 
 #: The sequence lengths the lexical part matches (:func:`ngram_scores`).
@@ -62,7 +62,7 @@ class Select:
     is that ratio summed over query rows and reduced over heads and late layers (``heads``; without a
     reference, the default, the attention itself). With ``reference=63`` the last row is compared with
     the 63 rows before it: a needle is the row the question attends to and the rest of the tail does
-    not (docs/evaluate.md, "Fourth session"). The best-scoring filled rows become exact, each widened to ``before`` rows before and
+    not (research/log.md, "Row selection"). The best-scoring filled rows become exact, each widened to ``before`` rows before and
     ``after`` rows after it, until ``budget`` extra rows are used. Pass 2 reruns only what changed: the
     late layers for the old and the new exact rows (their lower layers, ``h_S`` and the other filled
     rows' K/V are kept). ``rounds > 1`` repeats scoring and choosing, each round with a ``budget /
@@ -89,7 +89,7 @@ class Select:
             rows' attention to it over the mean attention the ``r`` reference rows pay it plus
             ``floor / N`` (before heads and layers are reduced): rows that every exact row attends to (a
             name the prose keeps returning to, a predicted key that draws attention from all queries)
-            rank below the rows the query singles out (docs/evaluate.md, "Fourth session"). The reference
+            rank below the rows the query singles out (research/log.md, "Row selection"). The reference
             rows are scored too (``queries + reference`` rows per pass, :meth:`Selection.queries`).
         floor: the share of uniform attention added to the reference mean (``reference > 0`` only).
             When the exact rows are fewer than ``queries + reference``, the rows before the query rows
@@ -109,12 +109,12 @@ class Select:
             ``top_heads`` and ``rounds`` are not used. ``Select.parse("prompt")``
             (``by="leverage", before=14, after=2, contrast=0``) is the choice measured on SmolLM2: a row
             of high leverage is the end of an unusual span, such as a needle's last digits, so the window
-            reaches back over the value and its key (docs/evaluate.md, "Fifth session"). It finds rows that
+            reaches back over the value and its key (research/log.md, "Row selection"). It finds rows that
             are rare *for the calibration text*: with maps calibrated on novels it finds needles in a
             novel haystack; with maps calibrated on the default mix (which holds code, full of numbers
             and identifiers) it found none of 16 needle values within 35 rows at 1K and 2K tokens, and
             on Gemma 3 with novels maps it answered 4 of 8 at 8K where the attention rule answers 8
-            (docs/evaluate.md, "Sixth session", "Seventh session").
+            (research/log.md, "Row selection").
             Or ``"ngram"`` (lexical, query-aware, one pass): a filled row scores by the 2- to 5-token
             sequences it ends that also end at one of the last ``queries`` rows of the tail (the
             question; never ``exact_rows`` outside the tail), each weighed by one over its count outside
@@ -125,14 +125,14 @@ class Select:
             in :data:`DEFAULT_SELECT`). ``Select.parse("ngram")``
             (``by="ngram", before=4, after=16, queries=64, contrast=0, min_score=3``) finds the needle whose key the
             question quotes, which the attention over predicted keys misses on multikey cases
-            (docs/evaluate.md, "Ninth session", "Tenth session"); it relies on the question repeating the
+            (research/log.md, "Row selection"); it relies on the question repeating the
             prompt's words.
         min_score: a lexical part's threshold: only rows whose :func:`ngram_scores` score (not its
             contrast) is at least this and above 0 anchor a window. ``3`` (the preset) asks a row to end
             shared sequences weighing 3 (e.g. the 2-, 3- and 4-token ones, each found once outside
             the question, and no 5-token one): a quoted needle key does, and the part leaves ordinary prose's common phrases
-            to the parts after it (docs/evaluate.md, "Eleventh session"). ``0`` (any match) is the
-            tenth session's part. Only for ``by="ngram"``.
+            to the parts after it (research/log.md, "Row selection"). ``0`` takes any match. Only for
+            ``by="ngram"``.
     """
 
     budget: float = 0.05
@@ -282,9 +282,8 @@ class Selection:
     (names, terms it refers back to) need many narrow windows found by every tail row's attention
     (docs/evaluate.md, "Row selection"); a :class:`Selection` holds both. A lexical part with an
     attention part finds the needle whose key the question quotes, and under a ``total`` the attention
-    part takes what the lexical part leaves (``"ngram,min_score=0,budget=0.02+attention+total=0.05"``, the tenth
-    session's default; docs/evaluate.md, "Tenth session"; the default now has the key-token rule's two
-    attention parts after the lexical one, :data:`DEFAULT_SELECT`).
+    part takes what the lexical part leaves (:data:`DEFAULT_SELECT` has the key-token rule's two attention parts
+    after the lexical one).
 
     Attributes:
         parts: the :class:`Select` parts, in the order they choose within each kind (up front: leverage
@@ -385,7 +384,7 @@ def as_selection(select: "Select | Selection") -> Selection:
     return select if isinstance(select, Selection) else Selection((select,))
 
 
-#: The attention parts of the default (the "key-token rule", docs/evaluate.md, "Ninth session"): 2 % of the
+#: The attention parts of the default (the "key-token rule", research/log.md, "Row selection"): 2 % of the
 #: prompt in wide windows where the last row's attention exceeds the 63 rows' before it (a needle), then 3 % in
 #: narrow windows (0 before, 3 after) where every one of the last 256 exact rows attends (the names and
 #: terms the tail refers back to).
@@ -397,8 +396,8 @@ KEY_TOKEN_PARTS = (Select(budget=0.02, reference=63), Select(budget=0.03, querie
 #: window around each row that ends a quoted sequence scoring ``min_score = 3``, such as a needle's key),
 #: then :data:`KEY_TOKEN_PARTS` for the rest of 5 %. On SmolLM2 at S = 15 with the default mix maps:
 #: 16, 16, 16, 14 single needles at 1K-8K (exact 16, 16, 16, 13), 14, 10, 11, 7 multikey (exact 11, 8, 11, 4),
-#: key-token ΔNLL +0.456 (the tenth session's default +1.021, plain ridge +1.617; the bar +0.45)
-#: (docs/evaluate.md, "Eleventh session"). A question that does not quote the prompt leaves the lexical
+#: key-token ΔNLL +0.456 (plain ridge +1.617) with the plain maps (docs/evaluate.md has the figures of the
+#: context maps, the default). A question that does not quote the prompt leaves the lexical
 #: part no anchor, and its budget goes to the attention parts.
 DEFAULT_SELECT = Selection((Select(**NGRAM_PRESET, budget=0.02), *KEY_TOKEN_PARTS), total=0.05)
 
@@ -479,7 +478,7 @@ def ngram_scores(input_ids: Tensor, queries: Tensor, sizes: tuple[int, ...] = NG
         ``[N]`` float32 on ``input_ids``' device; ``0`` at the query rows and where a row ends no shared
         sequence. Rare and long shared sequences weigh more: a needle's key, quoted by the question, ends
         sequences of every length up to 5 found once in the prompt, and outscores the phrase every
-        needle shares and a common phrase of the question (docs/evaluate.md, "Tenth session"). How
+        needle shares and a common phrase of the question (research/log.md, "Row selection"). How
         often the question repeats a sequence does not count.
     """
     n, device = input_ids.shape[1], input_ids.device
@@ -615,3 +614,139 @@ class AttentionScores:
             self.scores = torch.maximum(self.scores, p[self.heads[layer]].amax(0))
 
 
+
+
+class Planner:
+    """The row selection of one prompt: which rows each part of a :class:`Selection` makes exact.
+
+    Each part chooses within its own budget and within what the parts that chose before it left of the
+    selection's total (:attr:`Selection.total`): the parts chosen up front (``by="leverage"``,
+    ``"ngram"``) first, in their order (:meth:`up_front`, before the late layers); then the attention parts,
+    in their order, round by round (:meth:`after_pass`, from the scores their :meth:`scorers` recorded in
+    the pass before), an attention part keeping the share of its later rounds from those listed after it.
+
+    Args:
+        selection: the parts and total.
+        num_rows: ``N``, the prompt length.
+        device: where the positions live.
+    """
+
+    def __init__(self, selection: Selection, num_rows: int, device: torch.device | str):
+        self.parts, self.num_rows = selection.parts, num_rows
+        self.rounds = selection.rounds
+        self.total = selection.budget_rows(num_rows)
+        self.taken = [torch.zeros(0, dtype=torch.long, device=device) for _ in self.parts]
+
+    @property
+    def chosen(self) -> Tensor:
+        """Sorted ``int64`` ``[k]``: every row chosen so far, over all parts."""
+        return torch.cat(self.taken).sort().values
+
+    def _choose(self, part: int, scores: Tensor, budget: int, exact: Tensor, r: int = -1) -> Tensor:
+        """Part ``part`` chooses up to ``budget`` rows in all among the rows not in ``exact`` (``r``: the
+        attention round, ``-1`` up front); returns the new exact set."""
+        n = self.num_rows
+        filled = torch.ones(n, dtype=torch.bool, device=exact.device)
+        filled[exact] = False
+        kept = sum(max(0, self.parts[j].budget_rows(n) - self.taken[j].numel()) for j in range(part)
+                   if self.parts[j].by == "attention" and r + 1 < self.parts[j].rounds) if r >= 0 else 0
+        left = self.total - sum(t.numel() for t in self.taken) - kept
+        new = choose_rows(scores, filled, self.parts[part], max(0, min(budget - self.taken[part].numel(), left)))
+        self.taken[part] = torch.cat([self.taken[part], new])
+        return torch.unique(torch.cat([exact, new]))
+
+    def up_front(self, input_ids: Tensor, h_split: Tensor, maps, tail: int, exact: Tensor) -> Tensor:
+        """The parts chosen before the late layers: the lexical part scores the token ids against the tail's
+        last ``queries`` rows (the question; never rows outside the tail), the query-agnostic part ``h_S``
+        ``[batch, N, d]`` against the calibration covariance of ``maps``. Returns the new exact set."""
+        n = self.num_rows
+        scored: dict[tuple[str, int], Tensor] = {}  # each kind's scores once (a lexical part's per question length)
+        for i, part in enumerate(self.parts):
+            if part.by == "attention":
+                continue
+            key = (part.by, part.queries if part.by == "ngram" else 0)
+            if key not in scored:
+                scored[key] = (leverage_scores(h_split, maps.mean_h, maps.cov_h) if part.by == "leverage" else
+                               ngram_scores(input_ids, torch.arange(max(n - tail, n - part.queries), n,
+                                                                    device=exact.device)))
+            exact = self._choose(i, scored[key], part.budget_rows(n), exact)
+        return exact
+
+    def scorers(self, adapter, r: int) -> dict[int, AttentionScores]:
+        """``{part index: AttentionScores}`` for the attention parts that still choose in round ``r``."""
+        return {i: AttentionScores(adapter, self.num_rows, p) for i, p in enumerate(self.parts)
+                if p.by == "attention" and r < p.rounds}
+
+    def after_pass(self, r: int, scorers: dict[int, AttentionScores], exact: Tensor) -> Tensor:
+        """Round ``r``: each attention part chooses its share (``budget·(r+1)/rounds`` in all) from its
+        scores. Returns the new exact set."""
+        for i, scorer in scorers.items():
+            if r < self.parts[i].rounds:
+                part = self.parts[i]
+                exact = self._choose(i, scorer.scores, part.budget_rows(self.num_rows) * (r + 1) // part.rounds,
+                                     exact, r)
+        return exact
+
+
+#: The named settings of ``--select`` on the product commands (``run``, ``generate``, ``bench``), each
+#: optionally followed by ``,budget=F`` (:func:`parse_setting`); ``ridgefill eval`` takes the full spec
+#: language of :meth:`Select.parse`.
+SETTINGS = ("on", "prompt", "off")
+
+
+def parse_setting(value: str) -> "Select | Selection | None":
+    """A named selection setting, ``NAME`` or ``NAME,budget=F``:
+
+    - ``on`` (the default, :data:`DEFAULT_SELECT`): query-aware; the question must be in the tail. With
+      ``budget=F`` (a share of the prompt, ``0 < F < 1``) its parts are scaled so that they choose at
+      most ``F`` of the prompt together (``0.05`` unscaled).
+    - ``prompt``: query-agnostic, one pass: rows the maps extrapolate on, by the leverage of ``h_S`` under
+      the calibration covariance (for a document whose question comes later); ``budget=F`` a share of
+      the prompt or a row count (default ``0.05``). Finds rare spans only relative to the calibration text.
+    - ``off``: the plain fill.
+
+    Raises:
+        InputError: another name, another key than ``budget``, or a budget out of range.
+    """
+    name, _, rest = value.strip().partition(",")
+    name = name.strip()
+    if name not in SETTINGS:
+        raise InputError(f"--select {value!r}: use one of {', '.join(SETTINGS)}, optionally with ',budget=F' "
+                         "(e.g. 'on,budget=0.1'); `ridgefill eval` takes the full spec language")
+    budget = None
+    if rest.strip():
+        key, eq, text = rest.partition("=")
+        if key.strip() != "budget" or not eq:
+            raise InputError(f"--select {value!r}: only ',budget=F' may follow the name, e.g. '{name},budget=0.1'")
+        try:
+            budget = float(text)
+        except ValueError:
+            raise InputError(f"--select {value!r}: budget {text.strip()!r} is not a number") from None
+    if name == "off":
+        if budget is not None:
+            raise InputError(f"--select {value!r}: 'off' chooses no rows and takes no budget")
+        return None
+    if name == "prompt":
+        return Select(**PROMPT_PRESET) if budget is None else Select(**PROMPT_PRESET, budget=budget)
+    if budget is None:
+        return DEFAULT_SELECT
+    if not 0 < budget < 1:
+        raise InputError(f"--select {value!r}: the budget of 'on' is a share of the prompt in (0, 1), e.g. 0.1")
+    scale = budget / DEFAULT_SELECT.total
+    return Selection(tuple(Select(**{**{f: getattr(p, f) for f in p.__dataclass_fields__}, "budget": p.budget * scale})
+                           for p in DEFAULT_SELECT.parts), total=budget)
+
+
+def as_select(value: "str | Select | Selection | None") -> "Select | Selection | None":
+    """``select`` as given to :func:`ridgefill.prefill`: a spec string (:meth:`Select.parse`, e.g. ``"on"``,
+    ``"off"``, ``"prompt"``), a :class:`Select`, a :class:`Selection`, or ``None`` (off).
+
+    Raises:
+        InputError: another type, or a bad spec string.
+    """
+    if value is None or isinstance(value, (Select, Selection)):
+        return value
+    if isinstance(value, str):
+        return Select.parse(value)
+    raise InputError(f"select must be a spec string such as 'on' or 'off', a ridgefill.select.Select, a Selection or "
+                     f"None; got {type(value).__name__}")

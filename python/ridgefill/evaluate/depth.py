@@ -5,7 +5,7 @@ Depths are fractions of the layer count; ``S = round(depth · L)`` (half up), so
 ``0..S`` run exactly, layers ``S+1..L-1`` are filled.
 
 Maps for several splits are fitted from one pass over the calibration text
-(:func:`ridgefill.calibrate.calibrate_many`) and cached as ``<out>/maps-S<S>.safetensors``, the same
+(:func:`ridgefill.calibration.calibrate_many`) and cached as ``<out>/maps-S<S>.safetensors``, the same
 files ``ridgefill run`` reuses.
 """
 
@@ -59,10 +59,10 @@ def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: 
                     context: int = 1) -> dict[int, RidgeMaps]:
     """Maps for every split: load ``<out>/maps-S<S>.safetensors`` (with its statistics file, when there is
     one) when it fits the model and was fitted on the shipped calibration set ``calib_set``
-    (:func:`ridgefill.run.calibration_mismatch`; ``None``: the default set,
-    :data:`ridgefill.assets.DEFAULT_CALIBRATION_SET`) with the same λ spec, chunk, ``context``
+    (:func:`ridgefill.evaluate.main_job.calibration_mismatch`; ``None``: the default set,
+    :data:`ridgefill.data.texts.DEFAULT_CALIBRATION_SET`) with the same λ spec, chunk, ``context``
     (:func:`ridgefill.fill.context_features`) and (at least about) ``calib_tokens`` tokens; fit the missing splits together in one pass over that set's texts
-    (:func:`ridgefill.assets.calibration_texts`) and save them there.
+    (:func:`ridgefill.data.texts.calibration_texts`) and save them there.
 
     Returns:
         ``{S: RidgeMaps}``.
@@ -70,9 +70,9 @@ def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: 
     Raises:
         InputError: an unknown ``calib_set``.
     """
-    from ..assets import DEFAULT_CALIBRATION_SET, calibration_texts
-    from ..calibrate import calibrate_many, resolve_context_penalty
-    from ..run import calibration_mismatch
+    from ..data.texts import DEFAULT_CALIBRATION_SET, calibration_texts
+    from ..calibration import calibrate_many, resolve_context_penalty
+    from .main_job import calibration_mismatch
 
     calib_set = calib_set or DEFAULT_CALIBRATION_SET
     calib = calibration_texts(calib_set)  # an unknown set fails here, before any file is read
@@ -114,13 +114,10 @@ def run_depth(model: torch.nn.Module, tokenizer, maps_by_split: dict[int, RidgeM
               sentences, tail: int, window: int, tau: float, needle_length: int, needle_trials: int,
               needle_tail: int, modes: Sequence[str] = ("ridge", "identity", "none"), seed: int = 0,
               chat: bool = False, resamples: int = 10000, progress=None, selects: Sequence = (),
-              select_modes: Sequence[str] = ("ridge",), refit: float = 0.0) -> dict:
+              select_modes: Sequence[str] = ("ridge",)) -> dict:
     """The seed's table: key-token (and all/novel) ΔNLL vs exact per split and mode, and filled-region
     single-needle retrieval per split and mode at one context length; ``selects`` (each a
-    :class:`ridgefill.select.Select`) add the systems ``"<S>/<mode>+sel"`` for every mode in ``select_modes``;
-    ``refit > 0`` adds, for the loss, every ridge system with the ``tail`` rows before the scored tail exact
-    (``"+block"``) and refitted on that block (``"+refit"``), and for the needles every ridge system refitted
-    on the exact rows (``"+refit"``; the answer follows the prompt) (:mod:`ridgefill.refit`).
+    :class:`ridgefill.select.Select`) add the systems ``"<S>/<mode>+sel"`` for every mode in ``select_modes``.
 
     Returns:
         ``{"loss": {...}, "needles": {...}}`` (see :func:`ridgefill.evaluate.loss.summarise` and
@@ -128,14 +125,14 @@ def run_depth(model: torch.nn.Module, tokenizer, maps_by_split: dict[int, RidgeM
     """
     from dataclasses import asdict
 
-    from ..calibrate import special_prefix
+    from ..calibration import special_prefix
     from .loss import fill_variants, key_token_stats, score_documents, summarise
     from .needles import run_needles
 
     splits = sorted(maps_by_split)
     records = score_documents(model, docs, sets, tail=tail, window=window,
                               variants=fill_variants(model, maps_by_split, modes, tail=tail, selects=selects,
-                                                     select_modes=select_modes, refit=refit),
+                                                     select_modes=select_modes),
                               prefix_tokens=len(special_prefix(tokenizer)), progress=progress)
     loss = {"summary": summarise(records, tau=tau, resamples=resamples, seed=seed),
             "key_tokens": key_token_stats(records, tau), "documents": [asdict(r) for r in records]}
@@ -144,5 +141,5 @@ def run_depth(model: torch.nn.Module, tokenizer, maps_by_split: dict[int, RidgeM
         needles = run_needles(model, tokenizer, sentences, lengths=[needle_length], trials=needle_trials,
                               variants=["single"], modes=["exact", *modes], maps_by_split=maps_by_split,
                               splits=splits, tail=needle_tail, seed=seed, chat=chat, progress=progress,
-                              selects=selects, select_modes=select_modes, refit=refit)
+                              selects=selects, select_modes=select_modes)
     return {"loss": loss, "needles": needles}

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import InputError
-from ..fill import prefill
+from ..fill import prefill_instrumented
 from ..select import needs_maps
 
 #: Capitalised words that are titles, headings or calendar words, never renamed.
@@ -267,12 +267,12 @@ def novel_documents(tokenizer, texts: Mapping[str, str], docs: int, doc_tokens: 
                     seed: int = 0) -> tuple[list[Tensor], dict]:
     """Novel-text documents: :func:`renamed_texts`, each book rotated to start at the paragraph
     nearest its middle (so the passages differ from the plain set's, which starts at the beginning),
-    then cut like :func:`ridgefill.run.evaluation_documents`.
+    then cut like :func:`ridgefill.evaluate.main_job.evaluation_documents`.
 
     Returns:
         ``(documents [doc_tokens + 1] int64 each, {title: {name: invented}})``.
     """
-    from ..run import evaluation_documents
+    from .main_job import evaluation_documents
 
     renamed, mappings = renamed_texts(texts, seed=seed)
     rotated = {}
@@ -305,28 +305,18 @@ class DocScores:
 
 
 def tail_nll(model: torch.nn.Module, doc: Tensor, *, tail: int, mode: str, maps=None, split: int | None = None,
-             kv_hook=None, select=None, refit: float = 0.0, block: bool = False) -> tuple[Tensor, Tensor, object]:
+             kv_hook=None, select=None) -> tuple[Tensor, Tensor, object]:
     """Prefill ``doc[:-1]`` (``N`` rows) with ``mode`` (and row selection ``select``, a
-    :class:`ridgefill.select.Select`) and score the exact tail (the last ``T`` rows; rows made exact by
-    selection are not scored, so every system scores the same tokens). ``block``: the ``T`` rows before the
-    tail are exact too (not scored); with ``refit > 0`` the maps are refitted on that block only
-    (:func:`ridgefill.fill.prefill` ``refit_rows``), never on the scored rows, whose tokens the refit would
-    otherwise carry into the filled rows' K/V that earlier scored rows read.
+    :class:`ridgefill.select.Select`; ``None``: off) and score the exact tail (the last ``T`` rows; rows
+    made exact by selection are not scored, so every system scores the same tokens).
 
     Returns:
         ``(nll [T] float64 nats, positions [T] int64, PrefillResult)``.
     """
     device = next(model.parameters()).device
     ids = doc[None, :-1].to(device)
-    n = ids.shape[1]
-    block = block or refit > 0  # a refit always fits on the block before the scored tail
-    if block and n < 2 * tail + 1:
-        raise InputError(f"the refit systems make the {tail} rows before the scored tail exact: the prompt needs "
-                         f"at least 2·tail + 1 = {2 * tail + 1} rows (--doc-tokens), got {n}; lower --tail or raise "
-                         "--doc-tokens")
-    rows = range(n - 2 * tail, n - tail) if block else ()
-    res = prefill(model, ids, maps, tail=tail, mode=mode, split=split, logits="exact", kv_hook=kv_hook,
-                  select=select, exact_rows=rows, refit=refit, refit_rows=rows if refit > 0 else None)
+    res = prefill_instrumented(model, ids, maps, tail=tail, mode=mode, split=split, logits="exact", kv_hook=kv_hook,
+                               select=select)
     pos = res.exact_positions[-tail:].cpu()
     return token_nll(res.logits[0, -tail:], doc[pos + 1]), pos, res
 
@@ -361,31 +351,24 @@ def score_documents(model: torch.nn.Module, docs: Sequence[Tensor], sets: Sequen
 
 
 def fill_variants(model: torch.nn.Module, maps_by_split: Mapping[int, object], modes: Sequence[str], *,
-                  tail: int, selects: Sequence = (), select_modes: Sequence[str] = ("ridge",), refit: float = 0.0
+                  tail: int, selects: Sequence = (), select_modes: Sequence[str] = ("ridge",)
                   ) -> dict[str, Callable[[Tensor], Tensor]]:
     """``{"<S>/<mode>": fn(doc, exact) -> nll [T]}`` for every split and fill mode (``ridge`` and
     ``centred`` need maps), then ``"<S>/<mode>+sel"`` (``+sel<i>`` for several) for every
-    :class:`ridgefill.select.Select` in ``selects`` and mode in ``select_modes``; with ``refit > 0`` every
-    ridge system twice more, with the ``T`` rows before the scored tail exact: ``"<name>+block"`` (no refit,
-    the fair baseline) and ``"<name>+refit"`` (the maps refitted on that block, :mod:`ridgefill.refit`; never
-    on the scored rows, see :func:`tail_nll`)."""
+    :class:`ridgefill.select.Select` in ``selects`` and mode in ``select_modes``."""
     out = {}
     systems = [(mode, None, "") for mode in modes if mode != "exact"]
     systems += [(mode, sel, "+sel" + (str(i) if len(selects) > 1 else ""))
                 for mode in (select_modes if selects else ()) for i, sel in enumerate(selects)]
-    systems = [(mode, sel, suffix, 0.0, False) for mode, sel, suffix in systems]
-    if refit > 0:
-        systems += [(mode, sel, suffix + extra, rf, True) for mode, sel, suffix, _, _ in systems if mode == "ridge"
-                    for extra, rf in (("+block", 0.0), ("+refit", refit))]
     for split, maps in maps_by_split.items():
-        for mode, sel, suffix, rf, blk in systems:
+        for mode, sel, suffix in systems:
             if needs_maps(mode, sel) and maps is None:
                 raise InputError(f"mode {mode!r}" + ("" if needs_maps(mode) else " with a query-agnostic selection")
                                  + f" at split {split} needs maps")
             out[f"{split}/{mode}{suffix}"] = (
-                lambda doc, _exact, s=split, m=mode, mp=maps, sl=sel, r=rf, b=blk:
+                lambda doc, _exact, s=split, m=mode, mp=maps, sl=sel:
                 tail_nll(model, doc, tail=tail, mode=m, maps=mp if needs_maps(m, sl) else None,
-                         split=s, select=sl, refit=r, block=b)[0])
+                         split=s, select=sl)[0])
     return out
 
 

@@ -2,7 +2,7 @@
 
 A needle sentence ``"One of the special magic numbers for {key} is: {value}."`` (key: an
 adjective-noun pair such as ``"quiet-harbour"``; value: a 7-digit number) is placed between sentences
-of real prose (the evaluation novels, :data:`ridgefill.assets.EVALUATION_BOOKS`) at a depth **inside
+of real prose (the evaluation novels, :data:`ridgefill.data.texts.EVALUATION_BOOKS`) at a depth **inside
 the filled rows** (rows ``< N − tail``); the question, RULER's template with its answer prefix, is
 in the exact tail. The model answers greedily (:func:`ridgefill.fill.generate_after`, every decoding
 step runs the full model); the score is RULER's string match: 100 if the value appears in the answer
@@ -32,9 +32,9 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..calibrate import special_prefix
+from ..calibration import special_prefix
 from ..errors import InputError
-from ..fill import generate_after, prefill
+from ..fill import generate_after, prefill_instrumented
 from ..select import Select, as_selection, needs_maps
 from .loss import wilson_interval
 
@@ -230,16 +230,16 @@ def score_answer(answer: str, value: str) -> float:
 @torch.inference_mode()
 def answer_case(model: torch.nn.Module, tokenizer, case: NeedleCase, *, mode: str, maps=None,
                 split: int | None = None, max_new_tokens: int = 12, kv_hook=None,
-                on_prefill: Callable | None = None, select: Select | None = None, refit: float = 0.0) -> str:
+                on_prefill: Callable | None = None, select: Select | None = None) -> str:
     """Prefill ``case`` with ``mode`` (``tail`` exact rows), answer greedily, return the decoded answer.
 
-    ``kv_hook``, ``select`` and ``refit`` are passed to :func:`ridgefill.fill.prefill` (splices, key-scale
-    correction; row selection; maps refitted on the exact rows); ``on_prefill(result)`` is called with the
+    ``kv_hook`` and ``select`` are passed to :func:`ridgefill.fill.prefill_instrumented` (splices, key-scale
+    correction; row selection, ``None``: off); ``on_prefill(result)`` is called with the
     :class:`ridgefill.fill.PrefillResult` before decoding."""
     device = next(model.parameters()).device
     ids = case.input_ids[None].to(device)
-    res = prefill(model, ids, maps if needs_maps(mode, select) else None, tail=case.tail, mode=mode,
-                  split=None if mode == "exact" else split, kv_hook=kv_hook, select=select, refit=refit)
+    res = prefill_instrumented(model, ids, maps if needs_maps(mode, select) else None, tail=case.tail, mode=mode,
+                               split=None if mode == "exact" else split, kv_hook=kv_hook, select=select)
     if on_prefill is not None:
         on_prefill(res)
     new = generate_after(model, ids, res, max_new_tokens)
@@ -251,7 +251,7 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
                 maps_by_split: Mapping[int, object] | None = None, splits: Sequence[int] = (), tail: int = 64,
                 seed: int = 0, chat: bool = False, max_new_tokens: int = 12, splices: Sequence[str] = (),
                 key_scales: Mapping[int, torch.Tensor] | None = None,
-                selects: Sequence[Select] = (), select_modes: Sequence[str] = ("ridge",), refit: float = 0.0,
+                selects: Sequence[Select] = (), select_modes: Sequence[str] = ("ridge",),
                 progress: Callable[[str], None] | None = None) -> dict:
     """Needle retrieval for every variant × length × trial and every mode (fill modes at every split).
 
@@ -262,8 +262,7 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
     ``selects``: also answer with row selection (:class:`ridgefill.select.Select` or ``Selection``) in each of
     ``select_modes`` at every split: system ``"<S>/<mode>+sel"`` (one select) or ``"<S>/<mode>+sel<i>"``;
     each result also records the chosen rows' count (``selected``) and the share of the asked needle's
-    tokens among them (``needle_hit``). ``refit`` ``> 0``: every ridge system (plain and with selection)
-    also answers with the maps refitted on the exact rows (:mod:`ridgefill.refit`): ``"<name>+refit"``.
+    tokens among them (``needle_hit``).
 
     Returns:
         ``{"trials": [per-trial records], "scores": [summary rows]}``; a summary row is
@@ -316,10 +315,6 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
         if key_scales and s in key_scales:
             extra.append((f"{s}/ridge+kscale", "ridge", s, None))
     systems += extra
-    systems = [(name, mode, s, sel, 0.0) for name, mode, s, sel in systems]
-    if refit > 0:
-        systems += [(name + "+refit", mode, s, sel, refit) for name, mode, s, sel, _ in systems
-                    if mode == "ridge" and (sel is not None or "+" not in name)]
     L = model.config.num_hidden_layers
     window = getattr(model.config, "sliding_window", None)
     late_types = (getattr(model.config, "layer_types", None) or [])[min(splits, default=L) + 1:]
@@ -340,9 +335,9 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
                        "depths": case.depths, "spans": case.spans, "needle_in_filled_rows": case.needle_in_filled_rows(),
                        "keys": case.keys, "asked": case.asked, "answer": case.answer, "results": {}}
                 kept = {}
-                for name, mode, s, sel, rf in systems:
+                for name, mode, s, sel in systems:
                     hook = None
-                    if "+" in name and sel is None and not rf:
+                    if "+" in name and sel is None:
                         comp = name.split("+", 1)[1]
                         hook = (key_scale_hook(key_scales[s], s) if comp == "kscale"
                                 else splice_hook({l: kept[l] for l in range(s + 1, L)}, comp))
@@ -353,8 +348,7 @@ def run_needles(model: torch.nn.Module, tokenizer, sentences: Sequence[str], *, 
                     if sel is not None:
                         keep = lambda r: chosen.extend(r.selected.tolist())  # noqa: E731
                     ans = answer_case(model, tokenizer, case, mode=mode, maps=maps_by_split.get(s), split=s,
-                                      max_new_tokens=max_new_tokens, kv_hook=hook, on_prefill=keep, select=sel,
-                                      refit=rf)
+                                      max_new_tokens=max_new_tokens, kv_hook=hook, on_prefill=keep, select=sel)
                     rec["results"][name] = {"output": ans, "score": score_answer(ans, case.answer)}
                     if sel is not None:
                         start, end = case.spans[case.asked]

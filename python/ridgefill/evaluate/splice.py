@@ -2,7 +2,7 @@
 
 The fill runs as usual, but in the late layers the filled rows' predicted keys, values, or only the
 keys' scale are replaced by the exact ones (from an exact prefill of the same prompt) *before* any
-exact row attends to them, through :func:`ridgefill.fill.prefill`'s ``kv_hook``. The exact rows'
+exact row attends to them, through :func:`ridgefill.fill.prefill_instrumented`'s ``kv_hook``. The exact rows'
 own late-layer K/V then follow from the spliced cache, so the ΔNLL that is left says how much of the
 error the replaced component carried:
 
@@ -139,7 +139,7 @@ def state_errors(model: torch.nn.Module, ids: Tensor, *, tail: int, mode: str, m
     if not late:
         return {}
     n = ids.shape[1]
-    res = prefill(model, ids, maps if mode == "ridge" else None, tail=tail, mode=mode, split=split)
+    res = prefill(model, ids, maps if mode == "ridge" else None, tail=tail, mode=mode, split=split, select=None)
     if exact is None:
         exact = prefill(model, ids, tail=n, mode="exact")
     out = {}
@@ -178,7 +178,7 @@ def exact_kv(cache, layers: Iterable[int]) -> dict[int, tuple[Tensor, Tensor]]:
 
 def splice_hook(exact: Mapping[int, tuple[Tensor, Tensor]], component: str,
                 layers: Iterable[int] | None = None, eps: float = 1e-12) -> KVHook | None:
-    """A ``kv_hook`` for :func:`ridgefill.fill.prefill` that splices ``component`` of the exact cache.
+    """A ``kv_hook`` for :func:`ridgefill.fill.prefill_instrumented` that splices ``component`` of the exact cache.
 
     Args:
         exact: ``{l: (K, V)}`` exact keys (after RoPE) and values ``[batch, kv_heads, N, head_dim]``

@@ -25,7 +25,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .errors import MapsFormatError, OverlapError
+from ..errors import MapsFormatError, OverlapError
+from .texts import TECHNICAL_TEXTS, calibration_set_of, technical_text_info
 
 WINDOW = 32  #: tokens per fingerprint window
 SAMPLE = 32  #: default: one window in ``SAMPLE`` is kept (content-defined)
@@ -141,11 +142,10 @@ def check_disjoint(docs: Sequence, fp: Fingerprint | None, *, names: Sequence[st
 
 def calibration_label(meta: dict) -> str:
     """What maps were calibrated on, from their metadata: for a shipped calibration set
-    (:func:`ridgefill.assets.calibration_set_of`) ``"the shipped 'mix' set: novels 22,528, handbook 21,504,
+    (:func:`ridgefill.data.texts.calibration_set_of`) ``"the shipped 'mix' set: novels 22,528, handbook 21,504,
     stdlib 21,504 tokens (4 Austen novels; The Debian Administrator's Handbook; Python 3.11.7 standard
     library modules)"``; for other text ``"name (tokens of text_tokens tokens, sha256 abcd…)"`` per text,
     or the whole-text SHA-256 for files from before texts were recorded."""
-    from .assets import calibration_set_of
 
     texts = meta.get("calibration_texts")
     shipped = calibration_set_of(meta)
@@ -168,45 +168,8 @@ def calibration_label(meta: dict) -> str:
 
 def _shipped_label(texts: list) -> str:
     """``"novels 22,528, handbook 21,504, stdlib 21,504 tokens (…titles…)"`` for the records of a shipped set."""
-    from .assets import TECHNICAL_TEXTS, technical_text_info
 
     counts = ", ".join(f"{t['name']} {int(t['calibration_tokens']):,}" for t in texts)
     titles = ["4 Austen novels" if t["name"] == "novels" else technical_text_info(t["name"])["title"]
               for t in texts if t["name"] in ("novels", *TECHNICAL_TEXTS)]
     return f"{counts} tokens" + (f" ({'; '.join(titles)})" if titles else "")
-
-
-def maps_fingerprint(maps, tokenizer, *, required: bool) -> Fingerprint | None:
-    """The calibration fingerprint of ``maps``: from their metadata; for files written before it was
-    stored, and only when ``required``, recomputed when their ``text_sha256`` shows they were fitted on
-    a shipped calibration set (:func:`ridgefill.assets.calibration_texts`; the chunks are rebuilt as
-    calibration built them).
-
-    Args:
-        required: the evaluation text is the user's: a fingerprint is needed, and its absence is an
-            error. Otherwise (the bundled evaluation novels) files without one give ``None``.
-
-    Raises:
-        OverlapError: ``required`` and the maps record neither a fingerprint nor the bundled text.
-        MapsFormatError: a malformed stored fingerprint.
-    """
-    meta = maps.meta
-    if "calibration_fingerprint" in meta:
-        return Fingerprint.from_meta(meta["calibration_fingerprint"])
-    if not required:  # the bundled evaluation novels: disjoint from every shipped calibration set by design
-        return None
-    from .assets import calibration_set_of, calibration_texts
-    from .calibrate import calibration_chunks, special_prefix
-
-    shipped = calibration_set_of(meta)
-    tokens, chunk = meta.get("calibration_tokens"), meta.get("chunk")
-    if shipped is not None and isinstance(tokens, int) and isinstance(chunk, int):
-        calib = list(calibration_texts(shipped).values())
-        prefix = len(special_prefix(tokenizer))
-        runs = [c[prefix:] for c in calibration_chunks(tokenizer, calib, tokens, chunk)]
-        return fingerprint(runs, sample=sample_for(sum(r.numel() for r in runs)))
-    if required:
-        raise OverlapError("these maps were written before maps recorded their calibration text, and they were "
-                           "not fitted on a shipped calibration set, so evaluation text cannot be checked against it; "
-                           "refit them (`ridgefill calibrate --text ...`) or let the command fit new ones")
-    return None

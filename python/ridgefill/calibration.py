@@ -20,23 +20,15 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from . import defaults
 from .adapters import adapter_for
 from .errors import InputError
 from .checkpoint import chunks_digest, load_checkpoint, save_checkpoint
-from .overlap import fingerprint, sample_for
-from .maps import RidgeMaps, calibration_cov, model_hash, model_provenance, weight_fingerprint
+from .data.overlap import fingerprint, sample_for
+from .data.texts import calibration_texts, text_hash
+from .maps import RidgeMaps, calibration_cov, context_features, model_hash, model_provenance, weight_fingerprint
 from .validate import check_context, check_int, check_real
 from .ridge import RidgeStats, check_context_penalty, fit_maps
-from .fill import context_features
-
-
-def text_hash(texts: Sequence[str]) -> str:
-    """SHA-256 (hex) of the calibration texts, in order, separated by NUL."""
-    h = hashlib.sha256()
-    for t in texts:
-        h.update(t.encode())
-        h.update(b"\0")
-    return h.hexdigest()
 
 
 def special_prefix(tokenizer) -> list[int]:
@@ -232,9 +224,9 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
 #: The default ridge penalty on the previous row's block of context maps, as a multiple of ``λ``
 #: (:func:`ridgefill.ridge.fit_maps`, ``context_penalty``): ``1``, one ``λ`` for both blocks. ``4`` (the
 #: block's scale halved in the solve) was measured on SmolLM2 at S = 15 and changed nothing that counts:
-#: key-token ΔNLL +0.331 against +0.335, the same 8K single-needle trials lost (docs/evaluate.md,
-#: "Sixteenth session").
-CONTEXT_PENALTY = 1.0
+#: key-token ΔNLL +0.331 against +0.335, the same 8K single-needle trials lost (research/log.md,
+#: "Context maps").
+CONTEXT_PENALTY = defaults.CONTEXT_PENALTY
 
 
 def resolve_context_penalty(context: int, penalty: float | None) -> float:
@@ -250,22 +242,25 @@ def resolve_context_penalty(context: int, penalty: float | None) -> float:
     return check_context_penalty(penalty, context)
 
 
-def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *, split: int,
-              tokens: int | None, chunk: int = 1024, lam: float | str = "auto", heldout_every: int = 8,
-              model_name: str = "", progress: bool = True, checkpoint: str | os.PathLike | None = None,
-              checkpoint_every: int = 16, targets: str = "inputs", context: int = 0,
-              context_penalty: float | None = None) -> RidgeMaps:
+def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str] | None = None, *,
+              split: int | None = None, tokens: int | None = defaults.CALIBRATION_TOKENS, chunk: int = defaults.CHUNK,
+              lam: float | str = defaults.LAMBDA, context: int = defaults.CONTEXT,
+              context_penalty: float | None = None, heldout_every: int = 8, model_name: str = "",
+              progress: bool = True, checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 16,
+              targets: str = "inputs") -> RidgeMaps:
     """Fit RidgeFill maps for ``model`` at ``split`` on ``texts`` (paper, "Approach").
 
     Args:
-        texts: calibration texts (keep them disjoint from evaluation text).
-        tokens: calibration token budget (whole chunks, rounded up); ``None`` for all text.
+        texts: calibration texts (keep them disjoint from evaluation text); ``None``, the shipped default set
+            (:func:`ridgefill.data.texts.calibration_texts`).
+        split: ``S``; ``None``, the default split (:func:`ridgefill.defaults.split_for`, ``L // 2``).
+        tokens: calibration token budget (whole chunks, rounded up; default 65,536); ``None`` for all text.
         chunk: tokens per forward pass.
         lam: ``λ`` (number ``≥ 0``) or ``"auto"`` (per layer, by held-out error).
         targets: ``"inputs"`` (the maps predict each late layer's input, the paper's maps) or ``"kv"``
             (K/V maps: each late layer's pre-RoPE keys and values; see :func:`collect_stats_many`).
         context: ``0`` (the maps read the row's own ``h_S``) or ``1`` (context maps: also the previous
-            row's, :func:`ridgefill.fill.context_features`; docs/evaluate.md, "Fifteenth session").
+            row's, :func:`ridgefill.maps.context_features`; docs/method.md, "Context maps").
         context_penalty: context maps only: the previous row's block is penalised this multiple of ``λ``
             (:func:`ridgefill.ridge.fit_maps`); ``None``, :data:`CONTEXT_PENALTY` for context maps and
             ``1`` (no other value allowed) without context.
@@ -283,24 +278,26 @@ def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[
         SingularGramError, NonFiniteError, MapsFormatError: see :func:`collect_stats_many` and
             :func:`ridgefill.ridge.fit_maps`.
     """
-    split = check_int(split, "split S", lo=0)
+    split = defaults.split_for(model.config.num_hidden_layers) if split is None else check_int(split, "split S", lo=0)
     return calibrate_many(model, tokenizer, texts, splits=(split,), tokens=tokens, chunk=chunk, lam=lam,
                           heldout_every=heldout_every, model_name=model_name, progress=progress,
                           checkpoint=checkpoint, checkpoint_every=checkpoint_every, targets=targets,
                           context=context, context_penalty=context_penalty)[split]
 
 
-def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str], *,
-                   splits: Sequence[int], tokens: int | None, chunk: int = 1024, lam: float | str = "auto",
-                   heldout_every: int = 8, model_name: str = "", progress: bool = True,
-                   checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 16,
-                   targets: str = "inputs", context: int = 0,
-                   context_penalty: float | None = None) -> dict[int, RidgeMaps]:
+def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[str, str] | None = None, *,
+                   splits: Sequence[int], tokens: int | None = defaults.CALIBRATION_TOKENS,
+                   chunk: int = defaults.CHUNK, lam: float | str = defaults.LAMBDA, context: int = defaults.CONTEXT,
+                   context_penalty: float | None = None, heldout_every: int = 8, model_name: str = "",
+                   progress: bool = True, checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 16,
+                   targets: str = "inputs") -> dict[int, RidgeMaps]:
     """:func:`calibrate` at several splits from one pass over the text (:func:`collect_stats_many`).
 
     Returns:
         ``{S: RidgeMaps}``, each identical to ``calibrate(..., split=S)`` with the same arguments.
     """
+    if texts is None:
+        texts = calibration_texts(defaults.CALIBRATION_SET)
     if isinstance(texts, (str, bytes)):
         raise InputError("texts must be a list of strings or a {name: text} mapping, not one string "
                          "(it would be read character by character): pass [text]")
@@ -335,7 +332,7 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
     out = {}
     provenance = model_provenance(model)
     for split, (fit, held) in collected.items():
-        result = fit_maps(fit, lam, held if held.count else None, context_penalty=context_penalty)
+        result = fit_maps(fit, lam, held if held.count else None, context_penalty=context_penalty, progress=progress)
         meta = {"model_name": model_name, **provenance, "calibration_tokens": fit.count + held.count,
                 "heldout_tokens": held.count, "chunk": chunk, "text_sha256": text_hash(text_list),
                 "lambda_spec": str(lam), "heldout_rel_error": result.heldout_rel_error,

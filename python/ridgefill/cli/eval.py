@@ -1,6 +1,6 @@
 """``ridgefill eval {needle,loss,splice,depth}`` (write JSON) and ``ridgefill report`` (JSON -> markdown + PNG).
 
-Every subcommand loads the model with :func:`ridgefill.assets.load_model` (any model with an adapter),
+Every subcommand loads the model with :func:`ridgefill.data.models.load_model` (any model with an adapter),
 fits or reuses maps per split (:func:`ridgefill.evaluate.depth.maps_for_splits`, cached as
 ``<out>/maps-S<S>.safetensors``), runs the library functions the tests call and writes one JSON file
 atomically (:func:`ridgefill.fileio.write_json`).
@@ -15,11 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..calibrate import special_prefix
-from ..cli import REFIT_HELP, SELECT_HELP, add_calib_set, add_context, parse_lam, parse_refit, parse_select
-from ..run import RunConfig
 from ..errors import InputError
-from ..select import needs_maps
+from .args import SPEC_HELP, add_calib_set, add_context, parse_lam, parse_spec
 
 
 def _ints(text: str) -> list[int]:
@@ -63,15 +60,10 @@ def _lam_factors(text: str) -> list[float]:
 
 
 def _select_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--select", type=parse_select, action="append", default=[], help="also answer with "
-                   + SELECT_HELP + " (repeatable: one system each)")
+    p.add_argument("--select", type=parse_spec, action="append", default=[], help="also answer with "
+                   + SPEC_HELP + " (repeatable: one system each)")
     p.add_argument("--select-modes", type=_words, default=["ridge"], help="fill modes run with each --select "
                    "(default ridge; also centred, identity)")
-    p.add_argument("--refit", type=parse_refit, default=0.0, help="also run every ridge system (plain and with "
-                   "--select) with the maps refitted on the exact rows, '<system>+refit': " + REFIT_HELP
-                   + " (default 0: no such systems; docs/evaluate.md measures 4). eval loss and depth score "
-                   "the refit fairly: '<system>+block' makes the --tail rows before the scored tail exact, and "
-                   "'<system>+refit' refits on that block only, never on the scored rows")
 
 
 def _common(p: argparse.ArgumentParser, json_default: str) -> None:
@@ -84,7 +76,7 @@ def _common(p: argparse.ArgumentParser, json_default: str) -> None:
     p.add_argument("--chunk", type=int, default=1024, help="calibration chunk length (default 1024)")
     p.add_argument("--lam", type=parse_lam, default="auto", help="ridge λ for maps fitted here: a number or 'auto' (default)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    add_context(p, RunConfig.context)
+    add_context(p)
     p.add_argument("--maps", default=None, metavar="FILE", help="a maps file to evaluate (its split must be the "
                    "one asked); default: fit or reuse <out>/maps-S<S>.safetensors on the shipped calibration set "
                    "(--calib-set)")
@@ -115,14 +107,17 @@ def _needle_args(p: argparse.ArgumentParser) -> None:
 
 def add_subcommand(subparsers) -> None:
     """Register ``eval`` (with ``needle``, ``loss``, ``splice``, ``depth``) and ``report``."""
-    ev = subparsers.add_parser("eval", help="evaluation measurements (needles, key-token loss, splice, depth table)")
+    ev = subparsers.add_parser("eval", help="evaluation measurements (needles, key-token loss, splice, depth table)",
+                               description="The evaluation's measurements. Defaults are sized for a small model on "
+                               "2 CPU cores (minutes); docs/evaluate.md gives the commands and sizes of its results.")
     sub = ev.add_subparsers(dest="eval_command", required=True)
 
     p = sub.add_parser("needle", help="filled-region needle retrieval, RULER-style, by context length")
     _common(p, "needle.json")
     _needle_args(p)
-    p.add_argument("--lengths", type=_ints, default=[1024, 2048, 4096, 8000], help="context lengths (default 1k,2k,4k,8000)")
-    p.add_argument("--trials", type=int, default=8, help="trials per variant and length (default 8)")
+    p.add_argument("--lengths", type=_ints, default=[1024, 2048], help="context lengths (default 1k,2k: minutes on "
+                   "2 CPU cores with SmolLM2; docs/evaluate.md measures 1k,2k,4k,8000 with --trials 16)")
+    p.add_argument("--trials", type=int, default=4, help="trials per variant and length (default 4)")
     p.add_argument("--variants", type=_words, default=["single", "multikey"], help="single,multikey (default both)")
     p.add_argument("--modes", type=_modes_or_empty, default=["exact", "ridge", "identity", "none"],
                    help="exact,ridge,centred,identity,none (default exact,ridge,identity,none); '' with --select: "
@@ -138,7 +133,7 @@ def add_subcommand(subparsers) -> None:
 
     p = sub.add_parser("loss", help="ΔNLL vs exact on all, key and novel-text tokens, with bootstrap CIs")
     _common(p, "loss.json")
-    _loss_args(p, 8, 8)
+    _loss_args(p, 2, 2)
     p.add_argument("--modes", type=_words, default=["ridge", "identity", "none"])
     p.add_argument("--splits", type=_ints, default=None, help="fill splits (default L/2)")
     _select_args(p)
@@ -146,7 +141,7 @@ def add_subcommand(subparsers) -> None:
 
     p = sub.add_parser("splice", help="fill with exact K, V, key scale or recurrent state spliced into the late layers")
     _common(p, "splice.json")
-    _loss_args(p, 6, 6)
+    _loss_args(p, 2, 2)
     p.add_argument("--splits", type=_ints, default=None, help="fill splits (default L/2)")
     p.add_argument("--mode", default="ridge", choices=["ridge", "identity"])
     p.add_argument("--components", type=_words, default=None, help="splice components (default: all that apply: "
@@ -159,12 +154,12 @@ def add_subcommand(subparsers) -> None:
 
     p = sub.add_parser("depth", help="the seed's table: key-token ΔNLL and needle score by split depth")
     _common(p, "depth.json")
-    _loss_args(p, 6, 6)
+    _loss_args(p, 2, 2)
     _needle_args(p)
     p.add_argument("--depths", type=_words, default=["1/4", "3/8", "1/2", "5/8"], help="split depths (default 1/4,3/8,1/2,5/8)")
     p.add_argument("--modes", type=_words, default=["ridge", "identity", "none"])
     p.add_argument("--needle-length", type=int, default=2048, help="needle context length (default 2048)")
-    p.add_argument("--needle-trials", type=int, default=8, help="single-needle trials per split (default 8; 0 skips)")
+    p.add_argument("--needle-trials", type=int, default=4, help="single-needle trials per split (default 4; 0 skips)")
     _select_args(p)
     p.set_defaults(func=_cmd_depth)
 
@@ -176,6 +171,12 @@ def add_subcommand(subparsers) -> None:
 
 # --------------------------------------------------------------------------------------------------
 
+def _special_prefix(tok) -> list[int]:
+    from ..calibration import special_prefix  # heavy (torch)
+
+    return special_prefix(tok)
+
+
 def _say(a, msg: str) -> None:
     if not getattr(a, "quiet", False):
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -185,7 +186,7 @@ def _setup(a):
     import torch
 
     from ..adapters import adapter_for
-    from ..assets import load_model
+    from ..data.models import load_model
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -204,40 +205,24 @@ def _splits(a, model) -> list[int]:
     return splits
 
 
-def _check_refit(a, selects, maps) -> None:
-    """``--refit``: a ridge system to refit, and maps holding the statistics a refit needs (before any
-    document is scored). Raises :class:`InputError`."""
-    if getattr(a, "refit", 0) <= 0:
-        return
-    from ..refit import fit_count
-
-    if "ridge" not in a.modes and not ("ridge" in a.select_modes and selects):
-        raise InputError("--refit refits the ridge maps: include ridge in --modes (or in --select-modes with a "
-                         "--select), or leave --refit out")
-    for m in maps.values():
-        if m is not None:
-            fit_count(m)
-
-
 def _needs_maps(a, selects) -> bool:
     """Whether any system of the command (``--modes``, and ``--select-modes`` with each ``--select``) needs maps."""
+    from ..select import needs_maps  # heavy (torch)
+
     return any(needs_maps(m) for m in a.modes) or any(needs_maps(m, s) for m in a.select_modes for s in selects)
 
 
 def _maps(a, model, tok, name, splits, needed: bool):
-    from .depth import maps_for_splits
+    from ..evaluate.depth import maps_for_splits
 
     if not needed:
         return {s: None for s in splits}
-    if getattr(a, "refit", 0) > 0 and not a.maps and a.context:  # refused before any maps are fitted
-        raise InputError("--refit refits maps that read the row's own h_S; the maps fitted here would be context "
-                         "maps (--context 1, the default): pass --context 0 with --refit")
     if a.maps:  # the user's maps file, at its own split
         from ..maps import attach_stats, load_maps
 
         maps = attach_stats(load_maps(a.maps), a.maps)
         if a.calib_set is not None:  # asked for explicitly: the file must be of that set (as in `ridgefill run`)
-            from ..run import calibration_mismatch
+            from ..evaluate.main_job import calibration_mismatch
 
             why = calibration_mismatch(maps.meta, a.calib_set)
             if why is not None:
@@ -276,7 +261,7 @@ def _header(a, name, model, kind: str) -> dict:
 
 
 def _maps_meta(maps_by_split) -> dict:
-    from ..overlap import calibration_label
+    from ..data.overlap import calibration_label
 
     return {str(s): None if m is None else {"calibration_tokens": m.meta.get("calibration_tokens"),
                                             "lambda_spec": m.meta.get("lambda_spec"), "lambdas": m.lambdas,
@@ -299,8 +284,8 @@ def _finish(a, report: dict, t0: float, default: str) -> None:
 
 def _eval_texts(a) -> dict[str, str]:
     """``{name: text}`` to evaluate on: the ``--text`` files, else the bundled evaluation novels."""
-    from ..assets import EVALUATION_BOOKS, load_texts
-    from ..usertext import read_text_files
+    from ..data.texts import EVALUATION_BOOKS, load_texts
+    from ..data.texts import read_text_files
 
     if a.text:
         return read_text_files(a.text)
@@ -309,21 +294,18 @@ def _eval_texts(a) -> dict[str, str]:
 
 
 def _source(a) -> str:
-    from ..assets import EVALUATION_BOOKS
+    from ..data.texts import EVALUATION_BOOKS
 
     return f"text files {list(a.text)}" if a.text else f"evaluation books {list(EVALUATION_BOOKS)}"
 
 
 def _documents(a, tok):
     """``(documents, set names, labels, info)``: the plain and novel (renamed) evaluation documents."""
-    from ..run import evaluation_plan
-    from .loss import novel_documents
+    from ..evaluate.main_job import evaluation_plan
+    from ..evaluate.loss import novel_documents
 
     if a.tail >= a.doc_tokens:
         raise InputError(f"--tail {a.tail} must be shorter than --doc-tokens {a.doc_tokens}")
-    if getattr(a, "refit", 0) > 0 and a.doc_tokens < 2 * a.tail + 1:
-        raise InputError(f"--refit makes the --tail {a.tail} rows before the scored tail exact and fits on them: "
-                         f"--doc-tokens must be at least 2·tail + 1 = {2 * a.tail + 1}; got {a.doc_tokens}")
     if a.docs < 0 or a.novel_docs < 0 or a.docs + a.novel_docs == 0:
         raise InputError("give at least one document (--docs and/or --novel-docs)")
     texts = _eval_texts(a)
@@ -346,16 +328,22 @@ def _documents(a, tok):
                       "renamed": {k: len(v) for k, v in mapping.items()},
                       "examples": {k: dict(list(v.items())[:8]) for k, v in mapping.items()}}}
     if a.text:
-        from ..assets import text_sha256
+        from ..data.texts import text_sha256
 
         info["texts"] = [{"name": k, "sha256": text_sha256(t), "characters": len(t)} for k, t in texts.items()]
+    few = [f"{n} {name}" for name, n in (("plain", a.docs), ("novel-text", a.novel_docs)) if n == 1]
+    if few:  # the intervals resample documents: one document gives an interval of zero width
+        warning = (f"only {' and '.join(few)} document: its 95 % interval (a bootstrap over documents) has zero "
+                   "width and says nothing about the spread; use 2 or more documents per set")
+        info["warning"] = warning
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     return docs, sets, labels, info
 
 
 def _check_overlap(a, tok, maps_by_split, docs, labels, haystacks: dict[str, str]) -> None:
     """Refuse documents and needle haystacks that overlap any maps' calibration text
-    (:func:`ridgefill.run.check_evaluation_text`)."""
-    from ..run import check_evaluation_text
+    (:func:`ridgefill.evaluate.main_job.check_evaluation_text`)."""
+    from ..evaluate.main_job import check_evaluation_text
 
     for maps in maps_by_split.values():
         check_evaluation_text(maps, tok, docs, labels, haystacks, user_text=bool(a.text))
@@ -372,9 +360,9 @@ def _loss_header(a, model) -> dict:
 def _key_scales(a, model, tok, maps, splits) -> dict:
     """Key-scale corrections fitted on ``--key-scale-tokens`` tokens of the shipped calibration set
     (``--calib-set``; chunks spread evenly over its texts, as for the maps)."""
-    from ..assets import DEFAULT_CALIBRATION_SET, calibration_texts
-    from ..calibrate import calibration_chunks
-    from .splice import fit_key_scales
+    from ..data.texts import DEFAULT_CALIBRATION_SET, calibration_texts
+    from ..calibration import calibration_chunks
+    from ..evaluate.splice import fit_key_scales
 
     texts = calibration_texts(a.calib_set or DEFAULT_CALIBRATION_SET)
     chunks = calibration_chunks(tok, texts, a.key_scale_tokens, a.chunk)
@@ -386,7 +374,7 @@ def _key_scales(a, model, tok, maps, splits) -> dict:
 
 
 def _cmd_needle(a) -> None:
-    from .needles import VARIANTS, haystack_sentences, run_needles
+    from ..evaluate.needles import VARIANTS, haystack_sentences, run_needles
 
     t0 = _start(a)
     for v in a.variants:
@@ -398,7 +386,6 @@ def _cmd_needle(a) -> None:
     model, tok, name = _setup(a)
     splits = _splits(a, model)
     maps = _maps(a, model, tok, name, splits, _needs_maps(a, selects) or a.splices or a.key_scale_tokens)
-    _check_refit(a, selects, maps)
     scales = _key_scales(a, model, tok, maps, splits) if a.key_scale_tokens else {}
     texts = _eval_texts(a)
     _check_overlap(a, tok, maps, [], [], texts)
@@ -406,10 +393,10 @@ def _cmd_needle(a) -> None:
     res = run_needles(model, tok, sentences, lengths=a.lengths, trials=a.trials, variants=a.variants,
                       modes=a.modes, maps_by_split=maps, splits=splits, tail=a.needle_tail, seed=a.seed,
                       chat=a.chat, max_new_tokens=a.max_new_tokens, splices=a.splices, key_scales=scales,
-                      selects=selects, select_modes=a.select_modes, refit=a.refit, progress=lambda m: _say(a, m))
+                      selects=selects, select_modes=a.select_modes, progress=lambda m: _say(a, m))
     report = _header(a, name, model, "needle")
     report.update({"splices": a.splices, "key_scale_tokens": a.key_scale_tokens,
-                   "selects": [str(s) for s in selects], "select_modes": a.select_modes, "refit": a.refit,
+                   "selects": [str(s) for s in selects], "select_modes": a.select_modes,
                    "key_scales": {str(s): v.tolist() for s, v in scales.items()}})
     report["haystack"] = _source(a)
     report.update({"lengths": a.lengths, "trials_per_cell": a.trials, "variants": a.variants, "modes": a.modes,
@@ -420,7 +407,7 @@ def _cmd_needle(a) -> None:
 def _cmd_loss(a) -> None:
     from dataclasses import asdict
 
-    from .loss import fill_variants, key_token_stats, score_documents, summarise
+    from ..evaluate.loss import fill_variants, key_token_stats, score_documents, summarise
 
     t0 = _start(a)
     model, tok, name = _setup(a)
@@ -430,14 +417,13 @@ def _cmd_loss(a) -> None:
     docs, sets, labels, info = _documents(a, tok)
     selects = [s for s in a.select if s is not None]
     maps = _maps(a, model, tok, name, splits, _needs_maps(a, selects))
-    _check_refit(a, selects, maps)
     _check_overlap(a, tok, maps, docs, labels, {})
     recs = score_documents(model, docs, sets, tail=a.tail, window=a.window,
                            variants=fill_variants(model, maps, a.modes, tail=a.tail, selects=selects,
-                                                  select_modes=a.select_modes, refit=a.refit),
-                           prefix_tokens=len(special_prefix(tok)), progress=lambda m: _say(a, m))
+                                                  select_modes=a.select_modes),
+                           prefix_tokens=len(_special_prefix(tok)), progress=lambda m: _say(a, m))
     report.update({"splits": splits, "modes": a.modes, "document_sets": info, "maps": _maps_meta(maps),
-                   "selects": [str(s) for s in selects], "select_modes": a.select_modes, "refit": a.refit,
+                   "selects": [str(s) for s in selects], "select_modes": a.select_modes,
                    "key_tokens": key_token_stats(recs, a.tau),
                    "summary": summarise(recs, tau=a.tau, resamples=a.resamples, seed=a.seed),
                    "documents": [asdict(r) for r in recs]})
@@ -447,8 +433,8 @@ def _cmd_loss(a) -> None:
 def _cmd_splice(a) -> None:
     from dataclasses import asdict
 
-    from .loss import key_token_stats, score_documents, summarise
-    from .splice import ALL_COMPONENTS, check_components, components_for, fix_variants, splice_variants
+    from ..evaluate.loss import key_token_stats, score_documents, summarise
+    from ..evaluate.splice import ALL_COMPONENTS, check_components, components_for, fix_variants, splice_variants
 
     t0 = _start(a)
     for c in a.components or []:
@@ -468,7 +454,7 @@ def _cmd_splice(a) -> None:
     scales = _key_scales(a, model, tok, maps, splits) if a.key_scale_tokens else {}
     variants.update(fix_variants(model, maps, tail=a.tail, key_scales=scales, lam_factors=a.lam_factors))
     recs = score_documents(model, docs, sets, tail=a.tail, window=a.window, variants=variants,
-                           prefix_tokens=len(special_prefix(tok)), progress=lambda m: _say(a, m))
+                           prefix_tokens=len(_special_prefix(tok)), progress=lambda m: _say(a, m))
     report["state_errors"] = _state_errors(a, model, docs, maps, splits)
     report.update({"key_scales": {str(s): v.tolist() for s, v in scales.items()},
                    "key_scale_tokens": a.key_scale_tokens, "lam_factors": a.lam_factors})
@@ -484,7 +470,7 @@ def _state_errors(a, model, docs, maps, splits) -> dict | None:
     document's value) of the filled state's relative errors (:func:`ridgefill.evaluate.splice.state_errors`);
     ``None`` for attention-only models."""
     from ..adapters import adapter_for
-    from .splice import state_errors
+    from ..evaluate.splice import state_errors
 
     if not adapter_for(model).recurrent_layers:
         return None
@@ -504,8 +490,8 @@ def _state_errors(a, model, docs, maps, splits) -> dict | None:
 
 
 def _cmd_depth(a) -> None:
-    from .depth import parse_depth, run_depth, split_for_depth
-    from .needles import haystack_sentences
+    from ..evaluate.depth import parse_depth, run_depth, split_for_depth
+    from ..evaluate.needles import haystack_sentences
 
     t0 = _start(a)
     depths = [parse_depth(d) for d in a.depths]
@@ -517,23 +503,22 @@ def _cmd_depth(a) -> None:
     docs, sets, labels, info = _documents(a, tok)
     selects = [s for s in a.select if s is not None]
     maps = _maps(a, model, tok, name, splits, _needs_maps(a, selects))
-    _check_refit(a, selects, maps)
     texts = _eval_texts(a) if a.needle_trials else {}
     _check_overlap(a, tok, maps, docs, labels, texts)
     sentences = haystack_sentences(texts) if a.needle_trials else []
     res = run_depth(model, tok, maps, docs=docs, sets=sets, sentences=sentences, tail=a.tail, window=a.window,
                     tau=a.tau, needle_length=a.needle_length, needle_trials=a.needle_trials,
                     needle_tail=a.needle_tail, modes=a.modes, seed=a.seed, chat=a.chat, resamples=a.resamples,
-                    progress=lambda m: _say(a, m), selects=selects, select_modes=a.select_modes, refit=a.refit)
+                    progress=lambda m: _say(a, m), selects=selects, select_modes=a.select_modes)
     report.update({"depths": [str(d) for d in depths], "splits": splits, "modes": a.modes,
-                   "selects": [str(s) for s in selects], "select_modes": a.select_modes, "refit": a.refit,
+                   "selects": [str(s) for s in selects], "select_modes": a.select_modes,
                    "needle_length": a.needle_length, "needle_tail": a.needle_tail, "chat": a.chat,
                    "document_sets": info, "maps": _maps_meta(maps), **res})
     _finish(a, report, t0, "depth.json")
 
 
 def _cmd_report(a) -> None:
-    from .report import write_report
+    from ..evaluate.report import write_report
 
     path = write_report(a.inputs, a.out)
     print(f"wrote {path}")

@@ -24,27 +24,34 @@ exact (reported as ``extra rows``, a share of the prompt).
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import math
 import os
 import platform
 import statistics
+import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .calibrate import special_prefix
-from .errors import InputError, MapsFormatError, MapsMismatchError
-from .fileio import write_json
-from .fill import MODES, generate_after, prefill
-from .select import DEFAULT_SELECT, Select, Selection, check_leverage_stats
-from .maps import RidgeMaps, attach_stats, load_maps
-from .overlap import calibration_label, check_disjoint, maps_fingerprint
-from .usertext import read_text_files
+from .. import __version__, defaults
+from ..calibration import calibrate, calibration_chunks, resolve_context_penalty, special_prefix
+from ..checkpoint import checkpoint_path
+from ..data.models import load_model, load_tokenizer
+from ..data.overlap import Fingerprint, calibration_label, check_disjoint, fingerprint, sample_for
+from ..data.texts import (CALIBRATION_SETS, EVALUATION_BOOKS, calibration_set_of, calibration_texts, load_texts,
+                          read_text_files, text_hash, text_sha256)
+from ..errors import InputError, MapsFormatError, MapsMismatchError, OverlapError
+from ..fileio import write_json
+from ..fill import MODES, generate_after, prefill, prefill_instrumented
+from ..maps import RidgeMaps, attach_stats, load_maps
+from ..select import DEFAULT_SELECT, Select, Selection, check_leverage_stats
+from .needles import answer_case, case_depth, case_rng, haystack_sentences, make_case, score_answer
 
 
 @dataclass
@@ -52,13 +59,14 @@ class RunConfig:
     """Sizes of the main job (defaults finish in about 10 minutes on 2 CPU cores with SmolLM2)."""
 
     model: str | None = None
-    split: int = 15
-    tail: int = 256
-    calib_tokens: int = 65536
-    chunk: int = 1024
-    lam: float | str = "auto"
-    #: what the maps read (:func:`ridgefill.fill.context_features`): 1, ``[h_S(t), h_S(t−1)]``; 0, ``h_S(t)``
-    context: int = 1
+    #: ``S``; ``None``: the default split (:func:`ridgefill.defaults.split_for`, 15 for SmolLM2)
+    split: int | None = None
+    tail: int = defaults.TAIL
+    calib_tokens: int = defaults.CALIBRATION_TOKENS
+    chunk: int = defaults.CHUNK
+    lam: float | str = defaults.LAMBDA
+    #: what the maps read (:func:`ridgefill.maps.context_features`): 1, ``[h_S(t), h_S(t−1)]``; 0, ``h_S(t)``
+    context: int = defaults.CONTEXT
     docs: int = 4
     doc_tokens: int = 2048
     gen_tokens: int = 16
@@ -72,15 +80,13 @@ class RunConfig:
     needle_trials: int = 4
     needle_tail: int = 64
     texts: tuple[str, ...] = ()  # evaluation text files (--text); empty: the bundled evaluation novels
-    #: the shipped calibration set maps are fitted on (:func:`ridgefill.assets.calibration_texts`); ``None``:
+    #: the shipped calibration set maps are fitted on (:func:`ridgefill.data.texts.calibration_texts`); ``None``:
     #: the default set, and a ``maps`` file the user names is used whatever text it was fitted on
     calib_set: str | None = None
 
     def calibration_set(self) -> str:
         """The calibration set to fit on: :attr:`calib_set`, or the default set."""
-        from .assets import DEFAULT_CALIBRATION_SET
-
-        return self.calib_set or DEFAULT_CALIBRATION_SET
+        return self.calib_set or defaults.CALIBRATION_SET
 
     def systems(self) -> list[tuple[str, str, Select | Selection | None]]:
         """``(name, mode, select)`` of every system the job compares: the modes, then ``ridge+sel``."""
@@ -93,7 +99,7 @@ class RunConfig:
 
 def evaluation_documents(tokenizer, texts: dict[str, str], docs: int, doc_tokens: int) -> list[torch.Tensor]:
     """``docs`` documents of ``doc_tokens + 1`` tokens: the tokenizer's special prefix
-    (:func:`ridgefill.calibrate.special_prefix`, Gemma's ``<bos>``; none for SmolLM2), then consecutive
+    (:func:`ridgefill.calibration.special_prefix`, Gemma's ``<bos>``; none for SmolLM2), then consecutive
     text tokens, evenly spaced over the given texts (round-robin across texts). Raises
     :class:`InputError` if a text is too short for its share (nothing is truncated). See
     :func:`evaluation_plan` for where each document comes from."""
@@ -117,14 +123,17 @@ def evaluation_plan(tokenizer, texts: dict[str, str], docs: int, doc_tokens: int
     names = list(texts)
     streams = [torch.tensor(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts.values()]
     need = doc_tokens + 1 - bos.numel()
+    rooms = [ids.numel() // need for ids in streams]
     per = [0] * len(streams)
-    for i in range(docs):
-        per[i % len(streams)] += 1
+    for i in range(docs):  # round-robin over the texts, skipping a text once it is full (when another has room)
+        j = next((k % len(streams) for k in range(i, i + len(streams)) if per[k % len(streams)] < rooms[k % len(streams)]),
+                 i % len(streams))
+        per[j] += 1
     out: list[list[tuple[torch.Tensor, str]]] = []
     for name, ids, k in zip(names, streams, per):
         room = ids.numel() // need
         if k > room:
-            share = "" if len(streams) == 1 else " (documents are spread round-robin over the texts)"
+            share = "" if len(streams) == 1 else " (documents are spread round-robin over the texts with room)"
             raise InputError(f"the evaluation text {name!r} has {ids.numel()} tokens: room for {room} documents "
                              f"of {need} tokens but {k} were asked of it{share}; lower --docs or --doc-tokens, "
                              "or give a longer text")
@@ -132,6 +141,29 @@ def evaluation_plan(tokenizer, texts: dict[str, str], docs: int, doc_tokens: int
         out.append([(torch.cat([bos, ids[s: s + need]]), f"{name!r}, tokens {s}-{s + need}") for s in starts])
     pairs = [d for j in range(max(per)) for lst in out if j < len(lst) for d in [lst[j]]]
     return [d for d, _ in pairs], [f"document {i + 1} ({where})" for i, (_, where) in enumerate(pairs)]
+
+
+def source_commit() -> str | None:
+    """The git commit of the checkout this package runs from (with ``+dirty`` when it has uncommitted
+    changes), or ``None`` outside a git checkout: reports say which code produced them."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def document_room(tokenizer, texts: dict[str, str], doc_tokens: int) -> int:
+    """How many documents of ``doc_tokens + 1`` tokens (:func:`evaluation_plan`) the texts hold in all,
+    each within one text."""
+    need = doc_tokens + 1 - len(special_prefix(tokenizer))
+    return sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) // need for text in texts.values())
 
 
 def exact_row_nll(logits: torch.Tensor, doc: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -150,16 +182,13 @@ def _timed_prefill(model, ids, maps, mode, tail, split, select=None) -> float:
 
 def calibration_mismatch(meta: dict, set_name: str) -> str | None:
     """Why maps with metadata ``meta`` were not fitted on the shipped calibration set ``set_name``
-    (:func:`ridgefill.assets.calibration_texts`), or ``None`` when they were: their recorded
+    (:func:`ridgefill.data.texts.calibration_texts`), or ``None`` when they were: their recorded
     ``text_sha256`` (all texts, in order) and, when recorded, their ``calibration_texts`` (each text's
     name and SHA-256) must be those of the set.
 
     Raises:
         InputError: an unknown ``set_name``.
     """
-    from .assets import calibration_texts
-    from .calibrate import text_hash
-    from .overlap import calibration_label
 
     texts = calibration_texts(set_name)
     want = [(k, hashlib.sha256(t.encode("utf-8")).hexdigest()) for k, t in texts.items()]
@@ -188,9 +217,6 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
     Raises:
         InputError: a named maps file that does not fit.
     """
-    from .assets import calibration_texts
-    from .calibrate import calibrate, resolve_context_penalty
-    from .checkpoint import checkpoint_path
 
     path = Path(cfg.maps) if cfg.maps else Path(cfg.out) / f"maps-S{cfg.split}.safetensors"
     if path.exists():
@@ -228,11 +254,44 @@ def get_maps(model, tokenizer, model_name: str, cfg: RunConfig, progress: bool =
     return maps, path, True
 
 
+def maps_fingerprint(maps, tokenizer, *, required: bool) -> Fingerprint | None:
+    """The calibration fingerprint of ``maps``: from their metadata; for files written before it was
+    stored, and only when ``required``, recomputed when their ``text_sha256`` shows they were fitted on
+    a shipped calibration set (:func:`ridgefill.data.texts.calibration_texts`; the chunks are rebuilt as
+    calibration built them).
+
+    Args:
+        required: the evaluation text is the user's: a fingerprint is needed, and its absence is an
+            error. Otherwise (the bundled evaluation novels) files without one give ``None``.
+
+    Raises:
+        OverlapError: ``required`` and the maps record neither a fingerprint nor the bundled text.
+        MapsFormatError: a malformed stored fingerprint.
+    """
+    meta = maps.meta
+    if "calibration_fingerprint" in meta:
+        return Fingerprint.from_meta(meta["calibration_fingerprint"])
+    if not required:  # the bundled evaluation novels: disjoint from every shipped calibration set by design
+        return None
+    shipped = calibration_set_of(meta)
+    tokens, chunk = meta.get("calibration_tokens"), meta.get("chunk")
+    if shipped is not None and isinstance(tokens, int) and isinstance(chunk, int):
+        calib = list(calibration_texts(shipped).values())
+        prefix = len(special_prefix(tokenizer))
+        runs = [c[prefix:] for c in calibration_chunks(tokenizer, calib, tokens, chunk)]
+        return fingerprint(runs, sample=sample_for(sum(r.numel() for r in runs)))
+    if required:
+        raise OverlapError("these maps were written before maps recorded their calibration text, and they were "
+                           "not fitted on a shipped calibration set, so evaluation text cannot be checked against it; "
+                           "refit them (`ridgefill calibrate --text ...`) or let the command fit new ones")
+    return None
+
+
 def check_evaluation_text(maps: RidgeMaps | None, tokenizer, docs: list[torch.Tensor], labels: list[str],
                           haystacks: dict[str, str], *, user_text: bool) -> None:
     """Refuse evaluation documents (and needle haystack texts) that overlap the text ``maps`` were
-    calibrated on (:func:`ridgefill.overlap.check_disjoint`, against the maps' recorded fingerprint,
-    :func:`ridgefill.overlap.maps_fingerprint`).
+    calibrated on (:func:`ridgefill.data.overlap.check_disjoint`, against the maps' recorded fingerprint,
+    :func:`ridgefill.data.overlap.maps_fingerprint`).
 
     Args:
         docs, labels: the evaluation documents (each starting with the special prefix) and their labels.
@@ -266,7 +325,6 @@ def check_config(cfg: RunConfig) -> None:
         raise InputError(f"--threads {cfg.threads} must be at least 1 (or leave it out for torch's choice)")
     if cfg.lam != "auto" and not (isinstance(cfg.lam, (int, float)) and math.isfinite(cfg.lam) and cfg.lam >= 0):
         raise InputError(f"--lam {cfg.lam} must be 'auto' or a finite number ≥ 0 (λ > 0 when the Gram is singular)")
-    from .assets import CALIBRATION_SETS
 
     if cfg.calib_set is not None and cfg.calib_set not in CALIBRATION_SETS:
         raise InputError(f"--calib-set {cfg.calib_set!r} is not a shipped calibration set: use one of "
@@ -277,29 +335,41 @@ def check_config(cfg: RunConfig) -> None:
 
 def run(cfg: RunConfig, progress: bool = True) -> dict:
     """Run the main job and return the report (also written to ``<out>/report.json``)."""
-    from .assets import EVALUATION_BOOKS, calibration_set_of, load_model, load_texts, text_sha256
 
     check_config(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     t_start = time.perf_counter()
+    # documents first, with the tokenizer alone: a bad size or a short file fails before the model loads
+    tok = load_tokenizer(cfg.model)
+    if cfg.texts:
+        eval_texts = read_text_files(cfg.texts)
+    else:
+        books = load_texts()
+        eval_texts = {k: books[k] for k in EVALUATION_BOOKS}
+    docs = cfg.docs
+    if cfg.texts:  # the user's text: as many documents as it holds, up to cfg.docs
+        docs = min(docs, document_room(tok, eval_texts, cfg.doc_tokens))
+        if docs < 1:
+            raise InputError(f"the text files {list(cfg.texts)} hold no document of {cfg.doc_tokens + 1} tokens "
+                             f"(a {cfg.doc_tokens}-token prompt and the token after it, within one file): give a "
+                             "longer text")
+        if docs < cfg.docs and progress:
+            print(f"evaluating on {docs} document(s) of {cfg.doc_tokens} tokens: as many as the text files hold "
+                  f"(up to {cfg.docs})")
+    docs, labels = evaluation_plan(tok, eval_texts, docs, cfg.doc_tokens)
+
     model, tok, model_name = load_model(cfg.model)
     L = model.config.num_hidden_layers
+    if cfg.split is None:
+        cfg = replace(cfg, split=defaults.split_for(L))
     if not 0 <= cfg.split <= L - 2:
         raise InputError(f"--split {cfg.split} is out of range for a {L}-layer model: use 0..{L - 2}")
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos and cfg.doc_tokens + cfg.gen_tokens > max_pos:
         raise InputError(f"--doc-tokens {cfg.doc_tokens} + --gen-tokens {cfg.gen_tokens} exceeds the model's "
                          f"context of {max_pos} tokens")
-
-    # documents first: a bad size or a short file fails before any calibration or file write
-    if cfg.texts:
-        eval_texts = read_text_files(cfg.texts)
-    else:
-        books = load_texts()
-        eval_texts = {k: books[k] for k in EVALUATION_BOOKS}
-    docs, labels = evaluation_plan(tok, eval_texts, cfg.docs, cfg.doc_tokens)
 
     t0 = time.perf_counter()
     maps, maps_path, fresh = get_maps(model, tok, model_name, cfg, progress)
@@ -320,7 +390,8 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
         ids = doc[None, :-1]
         conts = {}
         for name, mode, sel in systems:
-            res = prefill(model, ids, maps, tail=cfg.tail, mode=mode, split=cfg.split, logits="exact", select=sel)
+            res = prefill_instrumented(model, ids, maps, tail=cfg.tail, mode=mode, split=cfg.split, logits="exact",
+                                         select=sel)
             # scored on the tail rows only: the same tokens for every system (selection adds exact rows)
             nll[name].append(exact_row_nll(res.logits[:, -cfg.tail:], doc, res.exact_positions[-cfg.tail:]))
             if res.selected is not None:
@@ -377,6 +448,8 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
         "threads": torch.get_num_threads(), "machine": platform.machine(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "wall_seconds": time.perf_counter() - t_start,
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "commit": source_commit(),
+        "ridgefill": __version__,
     }
     write_json(Path(cfg.out) / "report.json", report)
     return report
@@ -386,7 +459,6 @@ def _needle_column(model, tok, maps, cfg: RunConfig, systems, texts, bar) -> dic
     """Percent of ``cfg.needle_trials`` single-needle prompts (``doc_tokens`` tokens, needle at evenly
     spread depths of the filled rows, ``cfg.needle_tail`` exact rows; haystack: the evaluation
     ``texts``) each system answers."""
-    from .evaluate.needles import answer_case, case_depth, case_rng, haystack_sentences, make_case, score_answer
 
     if cfg.needle_trials == 0:
         return {}
