@@ -364,6 +364,28 @@ def test_user_gguf_is_copied_once(tmp_path, cache, dequantised, hashed, capfd, m
     assert (cache / f"tiny-{_sha(path)[:16]}").is_dir() and folder.is_dir()
 
 
+def test_convert_prints_the_folder_every_loader_takes(tmp_path, cache, dequantised, capsys, monkeypatch):
+    """`ridgefill convert` makes a GGUF's copy once and prints its folder, which transformers loads with the
+    GGUF's weights; a Hugging Face directory is printed as it is; a bad spec is one error line."""
+    from transformers import AutoModelForCausalLM
+
+    from ridgefill.cli import main
+
+    monkeypatch.setattr(models, "_RACY_NS", 0)
+    path = tmp_path / "tiny.gguf"
+    source = write_tiny_gguf(path)
+    assert main(["convert", "--model", str(path)]) == 0
+    folder = Path(capsys.readouterr().out.strip())
+    assert folder == cache / f"tiny-{_sha(path)[:16]}" and dequantised["n"] == 1
+    assert _equal_weights(AutoModelForCausalLM.from_pretrained(folder), source)
+    assert main(["convert", "--model", str(path)]) == 0 and dequantised["n"] == 1  # cached: not converted again
+    assert Path(capsys.readouterr().out.strip()) == folder == models.model_folder(path)
+    assert main(["convert", "--model", str(folder)]) == 0 and Path(capsys.readouterr().out.strip()) == folder
+    assert main(["convert", "--model", str(tmp_path / "missing.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "missing.gguf" in err and len(err.strip().splitlines()) == 1
+
+
 def test_a_file_changed_just_now_is_hashed_on_every_load(tmp_path, cache, dequantised, hashed, monkeypatch):
     """File times are coarse: the key of a file changed within ``_RACY_NS`` is not remembered (the window
     is widened to an hour here so that the test does not depend on how fast the machine is)."""

@@ -6,7 +6,8 @@ The Python API (:mod:`ridgefill.fill`, :mod:`ridgefill.calibration`, :mod:`ridge
 - :func:`generate_after` — greedy decoding from that cache (every decoding step runs the full model);
 - :func:`calibrate` — fit the maps on calibration text, in one pass and a closed-form ridge solve;
 - :func:`load_maps` / :class:`RidgeMaps` — the maps file;
-- :func:`load_model` — the bundled model, a Hugging Face directory or a GGUF file.
+- :func:`load_model` — the bundled model, a Hugging Face directory or a GGUF file;
+- :func:`model_folder` — the Hugging Face folder it loads from (a GGUF's float32 copy, made once), for vLLM.
 
 Defaults are those of the command line (:mod:`ridgefill.defaults`). Names are imported on first use, so
 ``import ridgefill`` and ``ridgefill --help`` stay fast.
@@ -23,7 +24,7 @@ _API = {
     "exact_positions": "fill", "predict_inputs": "maps", "context_features": "maps",
     "calibrate": "calibration", "RidgeMaps": "maps", "load_maps": "maps",
     "RidgeStats": "ridge", "fit_maps": "ridge", "solve_ridge": "ridge",
-    "load_model": "data.models", "load_tokenizer": "data.models",
+    "load_model": "data.models", "load_tokenizer": "data.models", "model_folder": "data.models",
     "AssetError": "errors", "InputError": "errors", "MapsFormatError": "errors", "MapsMismatchError": "errors",
     "NonFiniteError": "errors", "OverlapError": "errors", "RidgeFillError": "errors", "SingularGramError": "errors",
     "UnsupportedModelError": "errors",

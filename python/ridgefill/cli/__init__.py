@@ -2,7 +2,8 @@
 
 Product commands: ``run`` (the main job: calibrate, then compare exact prefill, the fill and its baselines on
 held-out text), ``calibrate`` (fit maps), ``generate`` (prefill a prompt with the fill and continue),
-``bench`` (time exact against fill prefill), ``certify`` (check the maps' ridge solve). Evaluation commands
+``bench`` (time exact against fill prefill), ``certify`` (check the maps' ridge solve), ``convert`` (the
+float32 Hugging Face copy of a model, for vLLM). Evaluation commands
 live under ``ridgefill eval`` (:mod:`ridgefill.cli.eval`).
 
 Every command calls the library functions the tests call, checks its inputs before loading a model, and
@@ -117,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, metavar="DIR", help="folder for the certificates (default: <maps name>.certs)")
     p.set_defaults(func=_cmd_certify)
 
+    p = sub.add_parser("convert", help="make the float32 Hugging Face copy of a model once and print its folder",
+                       description="Make (once, cached) the float32 Hugging Face copy of a bundled model or a .gguf "
+                       "file and print its folder: what `vllm serve`, transformers and every ridgefill command "
+                       "load, without converting again. A Hugging Face directory is printed as it is.")
+    add_model(p)
+    p.set_defaults(func=_cmd_convert)
+
     from . import eval as eval_cli
 
     eval_cli.add_subcommand(sub)
@@ -131,6 +139,12 @@ def _threads(threads: int | None) -> None:
     import torch  # heavy: only when a command runs
 
     torch.set_num_threads(threads)
+
+
+def _cmd_convert(a) -> None:
+    from ..data.models import model_folder  # heavy
+
+    print(model_folder(a.model))
 
 
 def _cmd_run(a) -> None:

@@ -1079,6 +1079,31 @@ def load_tokenizer(spec: str | os.PathLike[str] | None = None) -> Any:
                          f"{type(exc).__name__}: {exc}") from exc
 
 
+def model_folder(spec: str | os.PathLike[str] | None = None) -> Path:
+    """The local Hugging Face folder a model spec loads from, made once for a bundled model or a GGUF file.
+
+    That folder is what ``load_model``, ``AutoModelForCausalLM.from_pretrained`` and ``vllm serve`` load:
+    for ``None``/``"smollm2"`` and ``"gemma3-270m"`` the cached copy of the bundled model
+    (:func:`fetch_default_model`, :func:`fetch_gemma3_270m`), for a ``.gguf`` file its cached float32 copy
+    (:func:`gguf_copy`), for a Hugging Face directory the directory itself.
+
+    Raises:
+        AssetError: as :func:`load_model`, for the spec or the copy.
+        UnsupportedModelError: the model type has no adapter (:func:`check_model_type`).
+    """
+    kind, path, _ = _resolve_spec(spec)
+    if kind == "smollm2":
+        directory = fetch_default_model()
+    elif kind == "gemma3":
+        directory = fetch_gemma3_270m()
+    elif kind == "gguf":
+        directory = gguf_copy(path)
+    else:
+        directory = path
+    check_model_type(directory)
+    return directory
+
+
 def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> tuple[Any, Any, str]:
     """Load a causal language model and its tokenizer from local files only.
@@ -1107,18 +1132,10 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype
         UnsupportedModelError: the config's (or GGUF's) model type has no adapter; raised by
             :func:`check_model_type` before any weight is read.
     """
-    kind, path, name = _resolve_spec(spec)
+    _, _, name = _resolve_spec(spec)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise AssetError(f"dtype must be a floating torch dtype such as torch.float32 or torch.bfloat16; got {dtype!r}")
-    if kind == "smollm2":
-        directory = fetch_default_model()
-    elif kind == "gemma3":
-        directory = fetch_gemma3_270m()
-    elif kind == "gguf":
-        directory = gguf_copy(path)
-    else:
-        directory = path
-    check_model_type(directory)
+    directory = model_folder(spec)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
