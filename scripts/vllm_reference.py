@@ -6,7 +6,8 @@ Runs in the project's main environment (``transformers`` 5.24), not in the vLLM 
 2. fits small maps (``--calib-tokens`` calibration tokens of the calibration novels, split ``--split``)
    or reuses ``--maps`` when that file exists,
 3. for ``--prompts`` evaluation-text prompts of the given lengths, runs ``ridgefill.prefill`` (mode
-   ``ridge``, the last ``--tail`` rows exact) and ``generate_after`` (greedy),
+   ``ridge``, the plain fill without row selection, which the plugin serves: the last ``--tail`` rows
+   exact) and ``generate_after`` (greedy),
 
 and writes a JSON file: ``model_dir``, ``maps``, ``split``, ``tail``, and per prompt its token ids, the
 top-``k`` log-probabilities of the first generated token (float64 log-softmax of the last row's logits)
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     for n in (int(x) for x in args.lengths.split(",")):
         ids = torch.tensor([ids_all[start:start + n]])
         start += n + 1000
-        res = prefill(model, ids, maps, tail=min(args.tail, n), mode="ridge")
+        res = prefill(model, ids, maps, tail=min(args.tail, n), select="off", mode="ridge")
         logp = torch.log_softmax(res.logits[0, -1].double(), -1)
         top = logp.topk(args.top)
         new = generate_after(model, ids, res, max_new_tokens=args.gen_tokens)

@@ -36,6 +36,21 @@ def fill(reference, work_dir):
     return out
 
 
+@pytest.fixture(scope="module")
+def fill_chunked(reference, work_dir):
+    """The same engine with vLLM's chunked prefill on, 256 tokens per step: the 700-token prompt is prefilled
+    in three chunks (the first of filled tokens only), the others beside its chunks and decoding tokens."""
+    ridgefill = {"maps": reference["maps"], "tail": reference["tail"]}
+    log = work_dir / "fill-chunked-steps.jsonl"
+    log.unlink(missing_ok=True)
+    out = run_engine(work_dir, "fill-chunked", _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill,
+                                                      step_log=str(log), engine={"enable_chunked_prefill": True,
+                                                                                 "max_num_batched_tokens": 256}),
+                     fresh=True)
+    out["steps"] = [json.loads(line) for line in log.read_text().splitlines()]
+    return out
+
+
 def _logprobs(p):
     return dict(zip(p["top_ids"], p["top_logprobs"]))
 
@@ -93,3 +108,22 @@ def test_fill_served_mixed_steps(reference, fill):
 def test_prompt_logprobs_refused(fill):
     err = fill["prompt_logprobs_error"]
     assert err is not None and "prompt_logprobs are not available with RidgeFill" in err
+
+
+def test_chunked_prefill_equals_one_step_per_prompt(reference, fill, fill_chunked):
+    """Chunked prefill (256 tokens per step) gives the filled and exact rows of one step per prompt: the
+    same greedy tokens, and first-token log-probabilities equal to the unchunked fill's and the reference's
+    (float32 rounding of another attention order)."""
+    tail, lens = reference["tail"], [len(p["ids"]) for p in reference["prompts"]]
+    steps = fill_chunked["steps"]
+    assert max(sum(s["query_lens"]) for s in steps) <= 256 and len(steps) >= 3
+    assert sum(s["filled"] for s in steps) == sum(n - tail for n in lens)  # every row before each tail, once
+    assert any(s["exact"] == 0 for s in steps)  # a chunk of filled tokens only
+    assert sum(s["carried"] for s in steps) >= 1  # a later chunk read the previous chunk's last h_S
+    for chunked, whole, ref in zip(fill_chunked["prompts"], fill["prompts"], reference["prompts"]):
+        assert chunked["greedy"] == whole["greedy"] == ref["greedy"]
+        got, one, want = _logprobs(chunked), _logprobs(whole), _logprobs(ref)
+        assert chunked["top_ids"][0] == ref["top_ids"][0]
+        for t in [t for t in ref["top_ids"][:10] if t in got and t in one]:
+            assert got[t] == pytest.approx(one[t], abs=1e-4)
+            assert got[t] == pytest.approx(want[t], abs=5e-4)

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from ridgefill_vllm.errors import InputError, MapsFormatError, MapsMismatchError
 from ridgefill_vllm.llama import DEFAULT_TAIL, check_engine, fill_settings
 from ridgefill_vllm.maps import load_fill_maps
-from ridgefill_vllm.plan import make_plan
+from ridgefill_vllm.plan import make_plan, subset_metadata
 
 
 def test_plan_tail_per_request_and_decode_tokens_exact():
@@ -42,6 +42,72 @@ def test_plan_none_without_filled_tokens():
 def test_plan_ignores_padding_tokens():
     plan = make_plan(torch.tensor([0, 5], dtype=torch.int32), torch.arange(8), tail=2)
     assert plan.filled.tolist() == [0, 1, 2] and plan.exact.tolist() == [3, 4]
+
+
+def _chunked_plans(prompt: int, chunk: int, tail: int, block_size: int = 4):
+    """Plans of one request prefilled in chunks of ``chunk`` tokens (slot of position p: 1000 + p)."""
+    block_table = torch.tensor([[250 + b for b in range(64)]])  # block 250 + b holds positions 4b .. 4b+3
+    plans, c = [], 0
+    while c < prompt:
+        q = min(chunk, prompt - c)
+        plans.append((c, make_plan(torch.tensor([0, q], dtype=torch.int32), torch.arange(1000 + c, 1000 + c + q),
+                                   tail, torch.tensor([c]), torch.tensor([prompt]), block_table, block_size)))
+        c += q
+    return plans
+
+
+def test_plan_of_a_chunked_prompt_is_the_plan_of_the_whole_prompt():
+    """Chunked prefill: the filled positions are p < prompt − tail whatever the chunking, and a later chunk's
+    first filled token reads the previous chunk's last token through the carry, found by its KV slot."""
+    whole = make_plan(torch.tensor([0, 23], dtype=torch.int32), torch.arange(1000, 1023), tail=5)
+    want = set(whole.filled.tolist())
+    assert want == set(range(18))
+    for chunk in (1, 4, 5, 7, 18, 23):
+        filled, carried_in, carried_out = set(), [], []
+        for c, plan in _chunked_plans(23, chunk, tail=5):
+            if plan is None:
+                assert c >= 18  # a chunk of the tail only
+                continue
+            filled |= {c + i for i in plan.filled.tolist()}
+            assert plan.exact.tolist() == list(range(int(plan.num_filled[0]), plan.num_tokens))  # a suffix
+            prev = plan.filled_prev.tolist()
+            assert prev[0] == (-1 if c == 0 else -2) and prev[1:] == list(range(len(prev) - 1))
+            carried_in += [(c, slot) for _, slot in plan.carry_in]
+            carried_out += [slot for _, slot in plan.carry_out]
+        assert filled == want, chunk
+        # every later chunk that starts in the filled region reads the slot of position c - 1 (1000 + c - 1),
+        # which the chunk before kept
+        assert carried_in == [(c, 1000 + c - 1) for c in range(chunk, 18, chunk)], chunk
+        assert carried_out == [slot for _, slot in carried_in], chunk
+
+
+def test_plan_generated_tokens_stay_exact():
+    """A decoding token (position ≥ prompt) is exact, and so are the generated tokens of a preempted request
+    recomputed as one query (prompt 10, 2 generated, tail 3: positions 0-6 filled)."""
+    plan = make_plan(torch.tensor([0, 12, 13], dtype=torch.int32), torch.arange(13), 3,
+                     torch.tensor([0, 40]), torch.tensor([10, 30]))
+    assert plan.filled.tolist() == list(range(7)) and plan.exact.tolist() == list(range(7, 13))
+    assert plan.num_filled.tolist() == [7, 0]
+
+
+def test_subset_metadata_keeps_requests_with_exact_tokens():
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    # request 0: a middle chunk of filled tokens only; request 1: a decoding token; request 2: a whole prompt
+    qsl = torch.tensor([0, 4, 5, 11], dtype=torch.int32)
+    computed, prompt = torch.tensor([4, 20, 0]), torch.tensor([30, 19, 6])
+    plan = make_plan(qsl, torch.arange(11), 2, computed, prompt, torch.arange(30).view(3, 10), 4)
+    assert plan.num_filled.tolist() == [4, 0, 4] and plan.exact.tolist() == [4, 9, 10]
+    cm = CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=torch.tensor([8, 21, 6], dtype=torch.int32),
+        num_reqs=3, num_actual_tokens=11, max_query_len=6, max_seq_len=21,
+        block_table_tensor=torch.arange(30, dtype=torch.int32).view(3, 10), slot_mapping=torch.arange(11),
+        is_prefilling=torch.tensor([True, False, True]), positions=torch.tensor([4, 5, 6, 7, 20, 0, 1, 2, 3, 4, 5]))
+    sub = subset_metadata(cm, plan)
+    assert sub.num_reqs == 2 and sub.query_start_loc_cpu.tolist() == [0, 1, 3] and sub.num_actual_tokens == 3
+    assert sub.seq_lens.tolist() == [21, 6] and sub.block_table_tensor[:, 0].tolist() == [10, 20]
+    assert sub.is_prefilling.tolist() == [False, True] and sub.positions.tolist() == [20, 4, 5]
+    assert sub.max_query_len == 2 and sub.slot_mapping.tolist() == [4, 9, 10]
 
 
 def test_maps_reader_context_maps(tmp_path):
@@ -138,7 +204,10 @@ def _engine(**changes):
 
 def test_engine_checks():
     check_engine(_engine())
-    for change, words in [({"scheduler_config__enable_chunked_prefill": True}, "no-enable-chunked-prefill"),
+    check_engine(_engine(scheduler_config__enable_chunked_prefill=True))  # served (model runner V1)
+    with pytest.raises(InputError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
+        check_engine(_engine(scheduler_config__enable_chunked_prefill=True, use_v2_model_runner=True))
+    for change, words in [
                           ({"cache_config__enable_prefix_caching": True}, "no-enable-prefix-caching"),
                           ({"speculative_config": object()}, "speculative"),
                           ({"parallel_config__pipeline_parallel_size": 2}, "pipeline"),

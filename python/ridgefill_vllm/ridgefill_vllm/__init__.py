@@ -7,7 +7,7 @@ the maps through the model config::
 
     LLM(model_dir, hf_overrides={"architectures": ["RidgeFillLlamaForCausalLM"],
                                  "ridgefill": {"maps": "maps-S15.safetensors", "tail": 256}},
-        enable_chunked_prefill=False, enable_prefix_caching=False)
+        enable_prefix_caching=False)
 
 Models of other families are served by vLLM as usual (the plugin has no class for them yet).
 """

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import functools
 
-from .plan import make_plan, subset_metadata
+from .plan import make_plan, step_requests, subset_metadata
 
 
 @functools.cache
 def fill_backend(underlying, tail: int):
     """A subclass of the attention backend class ``underlying`` whose builder restricts the queries
-    to the exact tokens of a step (the last ``tail`` of each prefilled prompt, every decoding token)."""
+    to the exact tokens of a step (those in the last ``tail`` positions of each prompt, every decoding
+    token; :func:`ridgefill_vllm.plan.make_plan`)."""
     from vllm.v1.attention.backend import subclass_attention_backend
 
     base = underlying.get_builder_cls()
@@ -26,9 +27,11 @@ def fill_backend(underlying, tail: int):
     class RidgeFillBuilder(base):  # type: ignore[misc, valid-type]
         def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
             cm = common_attn_metadata
-            plan = make_plan(cm.query_start_loc_cpu, cm.slot_mapping, tail)
-            if plan is not None:
-                cm = subset_metadata(cm, plan, tail)
+            computed, prompt = step_requests(cm.num_reqs)
+            plan = make_plan(cm.query_start_loc_cpu, cm.slot_mapping, tail, computed, prompt,
+                             cm.block_table_tensor, self.kv_cache_spec.block_size)
+            if plan is not None and plan.exact.numel() > 0:  # without exact tokens the late layers attend to nothing
+                cm = subset_metadata(cm, plan)
                 common_prefix_len = 0  # no cascade attention over a subset of queries
             metadata = super().build(common_prefix_len, cm, fast_build)
             metadata.ridgefill_plan = plan

@@ -11,7 +11,7 @@ class RidgeFillError(Exception):
 
 class InputError(RidgeFillError, ValueError):
     """A setting is missing or out of range (``tail``, the maps path) or the engine is configured in a
-    way the fill cannot serve (chunked prefill, prefix caching, speculative decoding, ...)."""
+    way the fill cannot serve (prefix caching, speculative decoding, ...)."""
 
 
 class MapsFormatError(RidgeFillError, ValueError):

@@ -11,12 +11,15 @@ tokens (:mod:`ridgefill_vllm.plan`):
    its fused QKV weight) and RoPE at the token's position, and written to vLLM's paged KV cache with
    the attention backend's own cache write. Filled tokens compute no query, no attention, no output
    projection and no MLP in the late layers.
-3. The exact tokens (the last ``tail`` of each prompt, every decoding token) run every late layer in
+3. The exact tokens (the last ``tail`` positions of each prompt, every decoding token; chunked
+   prefill schedules the same positions as exact, :mod:`ridgefill_vllm.plan`) run every late layer in
    full, with attention metadata for their queries only (:mod:`ridgefill_vllm.backend`), attending
-   to the paged cache that holds the filled tokens' predicted K/V and their own exact K/V.
+   to the paged cache that holds the filled tokens' predicted K/V (of this and earlier chunks) and the
+   exact tokens' own K/V.
 
 The step's output hidden states are those of the exact tokens; filled rows are zero (the sampler
-reads the last token of each request, which is exact). Decoding steps and steps without filled tokens
+reads the last token of each request, which is exact once the prompt is complete; what it samples after
+a partial prefill, vLLM discards). Decoding steps and steps without filled tokens
 run vLLM's plain forward. Without maps the model is vLLM's Llama.
 
 Settings (the ``ridgefill`` entry of the model config, e.g. through ``hf_overrides``): ``maps``, the
@@ -42,11 +45,13 @@ from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from .backend import fill_backend
 from .errors import InputError
 from .maps import SAMPLE_VALUES, FillMaps, load_fill_maps
+from .plan import install_runner_hook
 
 #: Exact tokens per prompt when the config gives no ``tail``.
 DEFAULT_TAIL = 256
 #: Environment variable naming a file to which each step with filled tokens appends one JSON line
-#: (``{"query_lens": [...], "filled": F, "exact": E}``): how vLLM batched the requests (tests, debugging).
+#: (``{"query_lens": [...], "filled": F, "exact": E, "num_filled": [...], "carried": C}``): how vLLM batched
+#: the requests and how many chunks read a carried split state (tests, debugging).
 STEP_LOG_ENV = "RIDGEFILL_VLLM_STEP_LOG"
 
 
@@ -74,15 +79,15 @@ def check_engine(vllm_config: VllmConfig) -> None:
     """Refuse engine settings the fill cannot serve, naming the setting to change.
 
     Raises:
-        InputError: chunked prefill or prefix caching on, speculative decoding, pipeline or decode-context
-            parallelism, quantized weights, or a sliding-window model.
+        InputError: prefix caching on, chunked prefill with the model runner V2, speculative decoding,
+            pipeline or decode-context parallelism, quantized weights, or a sliding-window model.
     """
     sched, cache, par = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.parallel_config
     problems = []
-    if sched.enable_chunked_prefill:
-        problems.append("chunked prefill is on (a prompt must be prefilled in one step so its last `tail` tokens "
-                        "are known): pass enable_chunked_prefill=False (`--no-enable-chunked-prefill`) and "
-                        "max_num_batched_tokens ≥ max_model_len")
+    if sched.enable_chunked_prefill and getattr(vllm_config, "use_v2_model_runner", False):
+        problems.append("chunked prefill is on with vLLM's model runner V2, whose prompt lengths the plugin does not "
+                        "read yet: set VLLM_USE_V2_MODEL_RUNNER=0, or pass enable_chunked_prefill=False "
+                        "(`--no-enable-chunked-prefill`) and max_num_batched_tokens ≥ max_model_len")
     if cache.enable_prefix_caching:
         problems.append("prefix caching is on (cached blocks would hold another request's late-layer K/V): pass "
                         "enable_prefix_caching=False (`--no-enable-prefix-caching`)")
@@ -113,6 +118,7 @@ class RidgeFillLlamaModel(LlamaModel):
         if settings is None:
             return
         check_engine(vllm_config)
+        install_runner_hook()  # each step records its prompt lengths for the row plan (ridgefill_vllm.plan)
         maps = load_fill_maps(settings[0])
         maps.check_shape(self.config.num_hidden_layers, self.config.hidden_size)
         self.fill_maps = maps
@@ -122,6 +128,9 @@ class RidgeFillLlamaModel(LlamaModel):
         self._w = maps.weights.to(device=device, dtype=dtype)
         self._b = maps.biases.to(device=device, dtype=dtype)
         self._kv: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # late layers' K/V weights, set at load
+        # context maps: h_S of the last token of a chunk whose request continues with filled tokens, by its
+        # KV-cache slot, until the request's next chunk reads it (FillPlan.carry_out / carry_in)
+        self._carry: dict[int, torch.Tensor] = {}
         self.late = list(range(self.split + 1, self.config.num_hidden_layers))
         self.late_names = [self.layers[i].self_attn.attn.layer_name for i in self.late]
         for i in self.late:
@@ -186,30 +195,43 @@ class RidgeFillLlamaModel(LlamaModel):
         if os.environ.get(STEP_LOG_ENV):
             with open(os.environ[STEP_LOG_ENV], "a") as f:
                 f.write(json.dumps({"query_lens": plan.query_lens.tolist(), "filled": plan.filled.numel(),
-                                    "exact": plan.exact.numel()}) + "\n")
+                                    "exact": plan.exact.numel(), "num_filled": plan.num_filled.tolist(),
+                                    "carried": len(plan.carry_in)}) + "\n")
         h = hidden + residual if residual is not None else hidden  # h_S, the input of layer S+1: [tokens, d]
         h_f, pos_f = h[plan.filled], positions[plan.filled]
         if self.fill_maps.context:  # context maps read the previous token's h_S too (zeros before a request's first)
             prev = plan.filled_prev
-            h_f = torch.cat([h_f, h[prev.clamp_min(0)] * (prev >= 0)[:, None].to(h.dtype)], -1)
+            h_prev = h[prev.clamp_min(0)] * (prev >= 0)[:, None].to(h.dtype)
+            for i, slot in plan.carry_in:  # the previous token is the last of the request's previous chunk
+                carried = self._carry.pop(slot, None)
+                if carried is None:
+                    raise RuntimeError(f"RidgeFill: the split state of the token at KV slot {slot}, before a chunk's "
+                                       "first filled token, was not kept; this is a bug of the plugin")
+                h_prev[i] = carried
+            for t, slot in plan.carry_out:
+                self._carry[slot] = h[t].detach().clone()
+            h_f = torch.cat([h_f, h_prev], -1)
         x, pos_e, residual = h[plan.exact], positions[plan.exact], None
         slots = get_forward_context().slot_mapping
         saved = {name: slots.get(name) for name in self.late_names}
         try:
             for name in self.late_names:  # the exact tokens' own K/V go to their slots
                 slots[name] = plan.exact_slots
+            has_exact = plan.exact.numel() > 0  # a chunk of filled tokens only runs no late layer in full
             for j, i in enumerate(self.late):
                 self._write_filled(j, h_f, pos_f, plan.filled_slots)
-                x, residual = self.layers[i](pos_e, x, residual)
+                if has_exact:
+                    x, residual = self.layers[i](pos_e, x, residual)
         finally:
             for name, value in saved.items():
                 if value is None:
                     slots.pop(name, None)
                 else:
                     slots[name] = value
-        x, _ = self.norm(x, residual)
-        out = x.new_zeros((positions.shape[0], x.shape[-1]))
-        out[plan.exact] = x
+        out = h.new_zeros((positions.shape[0], h.shape[-1]))
+        if has_exact:
+            x, _ = self.norm(x, residual)
+            out[plan.exact] = x
         return out
 
 

@@ -1,24 +1,79 @@
 """Which tokens of a vLLM step are filled and which are exact, and the late layers' attention metadata.
 
 A vLLM step packs the scheduled tokens of several requests into one flat list (``query_start_loc``
-marks where each request's tokens start). With chunked prefill and prefix caching off (the plugin
-refuses them), a request with more than one scheduled token is a whole prompt being prefilled and a
-request with one token is a decoding step. RidgeFill's row plan for a step is then, per request:
-the last ``min(tail, q_len)`` scheduled tokens are **exact** (every decoding token is), the others
-are **filled**. Exact tokens are always a suffix of their request's tokens, so the late layers'
-attention for the exact tokens alone is the attention vLLM already computes for a request whose
-earlier tokens are in the KV cache (as in chunked prefill): the late layers get metadata for that
-subset of queries (:func:`subset_metadata`), the way vLLM's KV-sharing fast prefill (YOCO, Gemma 3n)
-builds metadata for the last tokens of each request.
+marks where each request's tokens start). A request's scheduled tokens are consecutive positions
+``c, c+1, …, c+q−1`` of its sequence, where ``c`` is its number of computed tokens: a whole prompt, one
+chunk of a prompt (chunked prefill), or a decoding token. RidgeFill's rule is by position, as in
+``ridgefill.prefill``: with ``P`` the request's prompt length, the token at position ``p`` is **filled**
+when ``p < P − tail`` and **exact** otherwise. So the tail is the last ``tail`` tokens of the whole prompt,
+however the prompt is chunked, and every generated token is exact (also when a preempted request is
+recomputed). In every chunk the exact tokens are a suffix of the request's scheduled tokens, so the late
+layers' attention for the exact tokens alone is the attention vLLM already computes for a request whose
+earlier tokens are in the KV cache: the late layers get metadata for that subset of queries
+(:func:`subset_metadata`; the same requests' sequence lengths and block tables), the way vLLM's KV-sharing
+fast prefill (Gemma 3n) builds metadata for the last tokens of each request. Filled tokens of earlier
+chunks wrote their predicted K/V when they were scheduled.
+
+Context maps read the split state of the token before each filled token. Within a step it is the previous
+scheduled token; for the first token of a later chunk it is the last token of the request's previous chunk,
+which the model keeps between steps, keyed by that token's KV-cache slot (:attr:`FillPlan.carry_out`,
+:attr:`FillPlan.carry_in`).
+
+The prompt lengths and computed-token counts come from the model runner: :func:`set_step_requests` is
+called by the hook :func:`install_runner_hook` installs, before each step's metadata is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+
+_STEP = threading.local()
+
+
+def install_runner_hook() -> bool:
+    """Wrap vLLM's (V1) ``GPUModelRunner._build_attention_metadata``, which the CPU runner inherits, so that
+    each step records its requests' computed tokens and prompt lengths (:func:`set_step_requests`) before
+    the attention metadata is built. Safe to call more than once. Returns whether the hook is installed."""
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:
+        return False
+    original = GPUModelRunner._build_attention_metadata
+    if getattr(original, "_ridgefill", False):
+        return True
+
+    def _build_attention_metadata(self, *args, **kwargs):
+        batch = self.input_batch
+        set_step_requests(batch.num_computed_tokens_cpu_tensor, batch.num_prompt_tokens_cpu_tensor)
+        return original(self, *args, **kwargs)
+
+    _build_attention_metadata._ridgefill = True
+    GPUModelRunner._build_attention_metadata = _build_attention_metadata
+    return True
+
+
+def set_step_requests(num_computed: Tensor, num_prompt: Tensor) -> None:
+    """Record, for the step whose attention metadata is being built, each request's computed tokens and
+    prompt length (``[R]`` integer CPU tensors in the step's request order; padding rows may follow)."""
+    _STEP.requests = (num_computed, num_prompt)
+
+
+def step_requests(num_reqs: int) -> tuple[Tensor, Tensor] | tuple[None, None]:
+    """``(num_computed, num_prompt)`` of the step's first ``num_reqs`` requests, int64 CPU, or
+    ``(None, None)`` where no hook records them (vLLM's model runner V2, which the plugin serves only with
+    chunked prefill off: every prompt is then scheduled whole, from position 0)."""
+    got = getattr(_STEP, "requests", None)
+    if got is None:
+        return None, None
+    computed, prompt = got
+    if computed.numel() < num_reqs or prompt.numel() < num_reqs:
+        raise RuntimeError(f"the recorded step has {computed.numel()} requests, the metadata {num_reqs}")
+    return computed[:num_reqs].to(torch.int64), prompt[:num_reqs].to(torch.int64)
 
 
 @dataclass
@@ -32,9 +87,15 @@ class FillPlan:
         exact_slots: ``[E]`` the exact tokens' KV-cache slots.
         num_tokens: tokens in the step, padding excluded.
         query_lens: ``[R]`` int64 CPU, scheduled tokens per request (1 for a decoding step).
-        filled_prev: ``[F]`` int64 (on the model's device), the index of the token before each filled
-            token in the same request, or ``-1`` for a request's first scheduled token: the previous split
-            state that context maps read (zeros there, as before row 0 in ``ridgefill.fill.context_features``).
+        num_filled: ``[R]`` int64 CPU, filled tokens per request (a prefix of its scheduled tokens).
+        filled_prev: ``[F]`` int64 (on the model's device): the index of the token before each filled token
+            when it is in this step; ``-1`` at position 0 (zeros, as before row 0 in
+            ``ridgefill.maps.context_features``); ``-2`` when it is the last token of the request's previous
+            chunk (its split state is in the model's carry, :attr:`carry_in`).
+        carry_in: ``(i, slot)`` pairs: filled token ``filled[i]``'s previous token is the one at KV-cache slot
+            ``slot``, computed in an earlier step.
+        carry_out: ``(token index, slot)`` pairs: tokens whose split state the next chunk of their request
+            reads (the last scheduled token of a request whose next token is filled).
     """
 
     filled: Tensor
@@ -43,42 +104,93 @@ class FillPlan:
     exact_slots: Tensor
     num_tokens: int
     query_lens: Tensor
+    num_filled: Tensor
     filled_prev: Tensor | None = None
+    carry_in: list[tuple[int, int]] = field(default_factory=list)
+    carry_out: list[tuple[int, int]] = field(default_factory=list)
 
 
-def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int) -> FillPlan | None:
-    """The row plan of a step, or ``None`` when it has no filled token (decoding, short prompts).
+def _slot_of(block_table: Tensor, req: int, pos: int, block_size: int) -> int:
+    """The KV-cache slot of position ``pos`` of request row ``req``."""
+    return int(block_table[req, pos // block_size]) * block_size + pos % block_size
+
+
+def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int, num_computed: Tensor | None = None,
+              num_prompt: Tensor | None = None, block_table: Tensor | None = None,
+              block_size: int | None = None) -> FillPlan | None:
+    """The row plan of a step, or ``None`` when it has no filled token (decoding, short prompts, tails).
 
     Args:
         query_start_loc_cpu: ``[R+1]`` int32 CPU, where each request's tokens start (last: the total).
         slot_mapping: ``[≥ total]`` int64, the KV-cache slot of each token.
-        tail: exact tokens per prefilled prompt, ``≥ 1``.
+        tail: exact tokens at the end of each prompt, ``≥ 1``.
+        num_computed: ``[R]`` tokens each request had computed before this step (default: all zero,
+            every request's scheduled tokens being its whole prompt).
+        num_prompt: ``[R]`` each request's prompt length (default: its scheduled tokens).
+        block_table: ``[R, blocks]`` block ids, and ``block_size``: needed when a request's first scheduled
+            token is filled and not at position 0 (a later chunk), to find the previous token's slot.
     """
     qsl = query_start_loc_cpu.to(torch.int64)
     q_lens = qsl[1:] - qsl[:-1]
-    n_filled = (q_lens - tail).clamp_min(0)
+    computed = torch.zeros_like(q_lens) if num_computed is None else num_computed.to(torch.int64)
+    prompt = q_lens.clone() if num_prompt is None else num_prompt.to(torch.int64)
+    # positions computed .. computed+q-1; filled: p < prompt - tail
+    n_filled = torch.minimum((prompt - tail - computed).clamp_min(0), q_lens)
     if int(n_filled.sum()) == 0:
         return None
     total = int(qsl[-1])
     req = torch.repeat_interleave(torch.arange(q_lens.numel()), q_lens)
-    is_filled = (torch.arange(total) - qsl[:-1][req]) < n_filled[req]
+    offset = torch.arange(total) - qsl[:-1][req]
+    is_filled = offset < n_filled[req]
     device = slot_mapping.device
     filled_cpu = is_filled.nonzero().flatten()
-    prev = torch.where(filled_cpu > qsl[:-1][req[filled_cpu]], filled_cpu - 1, -1)  # -1: a request's first token
+    f_req, f_off = req[filled_cpu], offset[filled_cpu]
+    first = f_off == 0
+    prev = torch.where(first, torch.where(computed[f_req] > 0, -2, -1), filled_cpu - 1)
+    carry_in = []
+    for i in (prev == -2).nonzero().flatten().tolist():
+        if block_table is None or block_size is None:
+            raise ValueError("a later chunk's first filled token needs the block table to find the previous token")
+        r = int(f_req[i])
+        carry_in.append((i, _slot_of(block_table, r, int(computed[r]) - 1, block_size)))
+    carry_out = []
+    for r in range(q_lens.numel()):  # whole chunk filled and more filled tokens to come: keep its last h_S
+        q = int(q_lens[r])
+        if q and int(n_filled[r]) == q and int(computed[r]) + q < int(prompt[r]) - tail:
+            t = int(qsl[r]) + q - 1
+            carry_out.append((t, int(slot_mapping[t])))
     filled, exact = filled_cpu.to(device), (~is_filled).nonzero().flatten().to(device)
-    return FillPlan(filled, exact, slot_mapping[filled], slot_mapping[exact], total, q_lens, prev.to(device))
+    return FillPlan(filled, exact, slot_mapping[filled], slot_mapping[exact], total, q_lens, n_filled,
+                    prev.to(device), carry_in, carry_out)
 
 
-def subset_metadata(common, plan: FillPlan, tail: int):
-    """vLLM ``CommonAttentionMetadata`` for the exact tokens only: the same requests, sequence
-    lengths and block tables, queries restricted to each request's last ``min(tail, q_len)`` tokens."""
-    qsl = common.query_start_loc_cpu.to(torch.int64)
-    n_exact = (qsl[1:] - qsl[:-1]).clamp_max(tail)
-    sub = torch.zeros_like(qsl)
-    sub[1:] = torch.cumsum(n_exact, 0)
+def subset_metadata(common, plan: FillPlan):
+    """vLLM ``CommonAttentionMetadata`` for the exact tokens only: the requests that have exact tokens in
+    this step, with their sequence lengths and block tables, queries restricted to those tokens (each
+    request's last ``q_len − num_filled`` scheduled tokens)."""
+    n_exact = plan.query_lens - plan.num_filled
+    keep = (n_exact > 0).nonzero().flatten()
+    n_keep = n_exact[keep]
+    sub = torch.zeros(keep.numel() + 1, dtype=torch.int64)
+    sub[1:] = torch.cumsum(n_keep, 0)
     sub = sub.to(common.query_start_loc_cpu.dtype)
+
+    def rows(x):
+        if x is None:
+            return None
+        return x[keep.to(x.device)] if isinstance(x, Tensor) else x[keep.numpy()]
+
     positions = common.positions[plan.exact] if common.positions is not None else None
     return dataclasses.replace(
         common, query_start_loc=sub.to(common.query_start_loc.device), query_start_loc_cpu=sub,
-        num_actual_tokens=int(sub[-1]), max_query_len=int(n_exact.max()), slot_mapping=plan.exact_slots,
-        positions=positions)
+        seq_lens=rows(common.seq_lens), num_reqs=keep.numel(), num_actual_tokens=int(sub[-1]),
+        max_query_len=int(n_keep.max()), block_table_tensor=rows(common.block_table_tensor),
+        slot_mapping=plan.exact_slots, positions=positions,
+        causal=rows(common.causal) if isinstance(common.causal, Tensor) else common.causal,
+        encoder_seq_lens=rows(common.encoder_seq_lens), encoder_seq_lens_cpu=rows(common.encoder_seq_lens_cpu),
+        dcp_local_seq_lens=rows(common.dcp_local_seq_lens),
+        dcp_local_seq_lens_cpu_upper_bound=rows(common.dcp_local_seq_lens_cpu_upper_bound),
+        seq_lens_cpu_upper_bound=rows(common.seq_lens_cpu_upper_bound), is_prefilling=rows(common.is_prefilling),
+        req_idx=rows(common.req_idx), rswa_prefix_lens=rows(common.rswa_prefix_lens),
+        replayssm_decode_base_cpu=rows(common.replayssm_decode_base_cpu),
+        _num_computed_tokens_cache=None, _token_to_req_indices_cache=None)
