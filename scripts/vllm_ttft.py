@@ -2,8 +2,8 @@
 
 Runs in the vLLM environment (``bash scripts/install_vllm.sh``). Two engines live in this process,
 vLLM's ``LlamaForCausalLM`` and ``RidgeFillLlamaForCausalLM`` with the given maps, on the same model
-folder and engine settings (chunked prefill and prefix caching off, which the plugin needs; the exact
-engine gets the same). For each prompt length, after one warm-up request per engine, the two are timed
+folder and engine settings (chunked prefill and prefix caching off, so that each prompt is timed as one
+step without reuse; the exact engine gets the same). For each prompt length, after one warm-up request per engine, the two are timed
 alternately (exact, fill, exact, fill, ...): one ``LLM.generate`` call per request with
 ``max_tokens=1``, wall time from the call to its return (prefill + the first token). Prompts are token
 ids of the held-out novel *Persuasion* when ``ridgefill`` is importable (``python/`` of this checkout),

@@ -4,8 +4,9 @@ Run as a script (vLLM spawns its engine process, so each engine gets its own Pyt
 this file needs the ``__main__`` guard): ``python run_engine.py SPEC.json OUT.json``. ``SPEC`` holds
 ``model_dir``, ``architecture``, ``ridgefill`` (the plugin settings or ``null``), ``prompts`` (lists of
 token ids), ``gen_tokens``, ``top``, ``engine`` (extra ``vllm.LLM`` arguments) and ``step_log``
-(a file for the plugin's per-step log, or absent). ``OUT`` gets, per
-prompt, the greedy continuation and the first token's top log-probabilities, and, with
+(a file for the plugin's per-step log, or absent), ``sequential`` (send the prompts one after another
+instead of in one call). ``OUT`` gets the KV block size and, per prompt, the greedy continuation, the first
+token's top log-probabilities and the prompt tokens found in the prefix cache, and, with
 ``try_prompt_logprobs``, the error a prompt-logprobs request raised (or ``null``).
 """
 
@@ -31,14 +32,19 @@ def main(spec_path: str, out_path: str) -> None:
     llm = LLM(spec["model_dir"], hf_overrides=overrides, skip_tokenizer_init=False, **engine)
     g = spec["gen_tokens"]
     params = SamplingParams(max_tokens=g, min_tokens=g, temperature=0.0, logprobs=spec["top"])
-    outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]], params, use_tqdm=False)
-    result = {"prompts": []}
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
+    if spec.get("sequential"):  # one request after another (prefix caching: a later one may hit earlier blocks)
+        outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+    else:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    result = {"prompts": [], "block_size": llm.llm_engine.vllm_config.cache_config.block_size}
     for o in outs:
         c = o.outputs[0]
         first = c.logprobs[0]
         ranked = sorted(first.items(), key=lambda kv: kv[1].rank)
         result["prompts"].append({"greedy": list(c.token_ids), "top_ids": [k for k, _ in ranked],
-                                  "top_logprobs": [v.logprob for _, v in ranked]})
+                                  "top_logprobs": [v.logprob for _, v in ranked],
+                                  "num_cached_tokens": o.num_cached_tokens or 0})
     if spec.get("try_prompt_logprobs"):
         try:
             llm.generate([TokensPrompt(prompt_token_ids=spec["prompts"][0])],

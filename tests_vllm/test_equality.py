@@ -127,3 +127,47 @@ def test_chunked_prefill_equals_one_step_per_prompt(reference, fill, fill_chunke
         for t in [t for t in ref["top_ids"][:10] if t in got and t in one]:
             assert got[t] == pytest.approx(one[t], abs=1e-4)
             assert got[t] == pytest.approx(want[t], abs=5e-4)
+
+
+def _prefix_sequence(reference):
+    """Requests sent one after another: A (the 700-token prompt), B (A's first 600 tokens, then 200 others),
+    C (A's first 300 tokens: its tail makes exact rows that A filled), D (A again)."""
+    a, b = reference["prompts"][0]["ids"], reference["prompts"][1]["ids"]
+    return [a, a[:600] + b[1:201], a[:300], a]
+
+
+@pytest.fixture(scope="module")
+def prefix_runs(reference, work_dir):
+    ridgefill = {"maps": reference["maps"], "tail": reference["tail"]}
+    runs = {}
+    for caching in (True, False):
+        spec = _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill, sequential=True,
+                     engine={"enable_prefix_caching": caching, "enable_chunked_prefill": True,
+                             "max_num_batched_tokens": 256})
+        spec["prompts"] = _prefix_sequence(reference)
+        runs[caching] = run_engine(work_dir, f"prefix-{'on' if caching else 'off'}", spec, fresh=True)
+    return runs
+
+
+def test_prefix_caching_reuses_blocks_of_the_same_fill_and_equals_caching_off(reference, prefix_runs):
+    """With prefix caching on, a request reuses the earlier blocks whose rows it fills the same way, and no
+    other: B hits A's wholly filled blocks in their shared 600 tokens; C, whose tail makes rows 236-299
+    exact, hits only the wholly filled blocks before row 236; D hits A's blocks. The outputs equal those with
+    caching off (greedy tokens; first-token log-probabilities within 1e-4)."""
+    on, off = prefix_runs[True], prefix_runs[False]
+    bs, tail = on["block_size"], reference["tail"]
+    seq = _prefix_sequence(reference)
+    cached = [p["num_cached_tokens"] for p in on["prompts"]]
+    # B and C: the blocks wholly inside both the shared tokens and their own filled rows (positions < P - tail)
+    want_b = min(600, len(seq[1]) - tail) // bs * bs
+    want_c = (len(seq[2]) - tail) // bs * bs
+    assert cached[0] == 0 and cached[1] == want_b > 0 and cached[2] == want_c > 0, (cached, bs)
+    assert cached[3] >= (len(seq[3]) - tail) // bs * bs  # A's filled blocks, and its exact ones
+    assert all(p["num_cached_tokens"] == 0 for p in off["prompts"])
+    hit_rate = sum(cached) / sum(len(s) for s in seq)
+    print(f"prefix-cache hit rate {hit_rate:.3f} (cached tokens {cached}, block size {bs})")
+    for mine, plain in zip(on["prompts"], off["prompts"]):
+        assert mine["greedy"] == plain["greedy"]
+        got, want = _logprobs(mine), _logprobs(plain)
+        for t in [t for t in plain["top_ids"][:10] if t in got]:
+            assert got[t] == pytest.approx(want[t], abs=1e-4)

@@ -12,6 +12,7 @@ from ridgefill_vllm.errors import InputError, MapsFormatError, MapsMismatchError
 from ridgefill_vllm.llama import DEFAULT_TAIL, check_engine, fill_settings
 from ridgefill_vllm.maps import load_fill_maps
 from ridgefill_vllm.plan import make_plan, subset_metadata
+from ridgefill_vllm.prefix import fill_block_key, maps_identity
 
 
 def test_plan_tail_per_request_and_decode_tokens_exact():
@@ -78,7 +79,11 @@ def test_plan_of_a_chunked_prompt_is_the_plan_of_the_whole_prompt():
         # every later chunk that starts in the filled region reads the slot of position c - 1 (1000 + c - 1),
         # which the chunk before kept
         assert carried_in == [(c, 1000 + c - 1) for c in range(chunk, 18, chunk)], chunk
-        assert carried_out == [slot for _, slot in carried_in], chunk
+        # kept: each chunk's last token read by the next chunk, and every filled token ending a KV block
+        # (positions 3, 7, 11, 15), which a prefix-cache hit on that block would read
+        ends = {1000 + p for p in (3, 7, 11, 15)}
+        assert set(carried_out) == ends | {slot for _, slot in carried_in}, chunk
+        assert len(carried_out) == len(set(carried_out)), chunk
 
 
 def test_plan_generated_tokens_stay_exact():
@@ -207,10 +212,22 @@ def test_engine_checks():
     check_engine(_engine(scheduler_config__enable_chunked_prefill=True))  # served (model runner V1)
     with pytest.raises(InputError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
         check_engine(_engine(scheduler_config__enable_chunked_prefill=True, use_v2_model_runner=True))
-    for change, words in [
-                          ({"cache_config__enable_prefix_caching": True}, "no-enable-prefix-caching"),
-                          ({"speculative_config": object()}, "speculative"),
+    check_engine(_engine(cache_config__enable_prefix_caching=True))  # served: block hashes carry the fill
+    for change, words in [({"speculative_config": object()}, "speculative"),
                           ({"parallel_config__pipeline_parallel_size": 2}, "pipeline"),
                           ({"quant_config": object()}, "quantized")]:
         with pytest.raises(InputError, match=words):
             check_engine(_engine(**change))
+
+
+def test_fill_block_key_says_which_rows_of_a_block_are_filled(tmp_path):
+    """A 700-token prompt with tail 64 fills positions 0-635: blocks of 16 before 624 are wholly filled, the
+    block 624-639 has 12 filled rows, later blocks none; another tail or maps give other keys."""
+    ident = maps_identity(_maps_file(tmp_path / "m.safetensors"))
+    assert len(ident) == 16 and ident != maps_identity(_maps_file(tmp_path / "o.safetensors", split=2))
+    assert fill_block_key(700, 0, 16, ident, 64) == ("ridgefill", ident, 64, 16)
+    assert fill_block_key(700, 608, 624, ident, 64) == ("ridgefill", ident, 64, 16)
+    assert fill_block_key(700, 624, 640, ident, 64) == ("ridgefill", ident, 64, 12)
+    assert fill_block_key(700, 640, 656, ident, 64) is None
+    assert fill_block_key(50, 0, 16, ident, 64) is None  # a prompt within its tail: all exact, the exact hash
+    assert fill_block_key(700, 0, 16, ident, 32) != fill_block_key(700, 0, 16, ident, 64)

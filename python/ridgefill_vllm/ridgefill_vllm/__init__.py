@@ -2,12 +2,13 @@
 
 :func:`register` (run by vLLM in each of its processes) registers the model class
 ``RidgeFillLlamaForCausalLM`` (:mod:`ridgefill_vllm.llama`) and makes the request front end refuse
-prompt logprobs for models served with maps (filled prompt tokens have no logits). Select the class and
-the maps through the model config::
+prompt logprobs for models served with maps (filled prompt tokens have no logits), and makes the prefix
+cache's block hashes carry the fill (:mod:`ridgefill_vllm.prefix`). Select the class and the maps through
+the model config::
 
     LLM(model_dir, hf_overrides={"architectures": ["RidgeFillLlamaForCausalLM"],
                                  "ridgefill": {"maps": "maps-S15.safetensors", "tail": 256}},
-        enable_prefix_caching=False)
+        enforce_eager=True)
 
 Models of other families are served by vLLM as usual (the plugin has no class for them yet).
 """
@@ -54,7 +55,10 @@ def register() -> None:
     """Register the RidgeFill model classes with vLLM (safe to call more than once)."""
     from vllm import ModelRegistry
 
+    from .prefix import install_prefix_cache_hook
+
     for arch, target in ARCHITECTURES.items():
         if arch not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(arch, target)
     _refuse_prompt_logprobs()
+    install_prefix_cache_hook()

@@ -46,9 +46,8 @@ from .backend import fill_backend
 from .errors import InputError
 from .maps import SAMPLE_VALUES, FillMaps, load_fill_maps
 from .plan import install_runner_hook
+from .prefix import DEFAULT_TAIL
 
-#: Exact tokens per prompt when the config gives no ``tail``.
-DEFAULT_TAIL = 256
 #: Environment variable naming a file to which each step with filled tokens appends one JSON line
 #: (``{"query_lens": [...], "filled": F, "exact": E, "num_filled": [...], "carried": C}``): how vLLM batched
 #: the requests and how many chunks read a carried split state (tests, debugging).
@@ -79,18 +78,15 @@ def check_engine(vllm_config: VllmConfig) -> None:
     """Refuse engine settings the fill cannot serve, naming the setting to change.
 
     Raises:
-        InputError: prefix caching on, chunked prefill with the model runner V2, speculative decoding,
-            pipeline or decode-context parallelism, quantized weights, or a sliding-window model.
+        InputError: chunked prefill with the model runner V2, speculative decoding, pipeline or
+            decode-context parallelism, quantized weights, or a sliding-window model.
     """
-    sched, cache, par = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.parallel_config
+    sched, par = vllm_config.scheduler_config, vllm_config.parallel_config
     problems = []
     if sched.enable_chunked_prefill and getattr(vllm_config, "use_v2_model_runner", False):
         problems.append("chunked prefill is on with vLLM's model runner V2, whose prompt lengths the plugin does not "
                         "read yet: set VLLM_USE_V2_MODEL_RUNNER=0, or pass enable_chunked_prefill=False "
                         "(`--no-enable-chunked-prefill`) and max_num_batched_tokens ≥ max_model_len")
-    if cache.enable_prefix_caching:
-        problems.append("prefix caching is on (cached blocks would hold another request's late-layer K/V): pass "
-                        "enable_prefix_caching=False (`--no-enable-prefix-caching`)")
     if vllm_config.speculative_config is not None:
         problems.append("speculative decoding is configured: remove speculative_config")
     if par.pipeline_parallel_size > 1:
@@ -128,8 +124,8 @@ class RidgeFillLlamaModel(LlamaModel):
         self._w = maps.weights.to(device=device, dtype=dtype)
         self._b = maps.biases.to(device=device, dtype=dtype)
         self._kv: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # late layers' K/V weights, set at load
-        # context maps: h_S of the last token of a chunk whose request continues with filled tokens, by its
-        # KV-cache slot, until the request's next chunk reads it (FillPlan.carry_out / carry_in)
+        # context maps: h_S of tokens a later step reads (a chunk's last token, a filled block's last token),
+        # by KV-cache slot (FillPlan.carry_out / carry_in); at most one d-vector per slot
         self._carry: dict[int, torch.Tensor] = {}
         self.late = list(range(self.split + 1, self.config.num_hidden_layers))
         self.late_names = [self.layers[i].self_attn.attn.layer_name for i in self.late]
@@ -202,11 +198,13 @@ class RidgeFillLlamaModel(LlamaModel):
         if self.fill_maps.context:  # context maps read the previous token's h_S too (zeros before a request's first)
             prev = plan.filled_prev
             h_prev = h[prev.clamp_min(0)] * (prev >= 0)[:, None].to(h.dtype)
-            for i, slot in plan.carry_in:  # the previous token is the last of the request's previous chunk
-                carried = self._carry.pop(slot, None)
+            for i, slot in plan.carry_in:  # the previous token was computed in an earlier step
+                # a block's last token stays for later prefix-cache hits; a chunk's last token is read once
+                block_end = (slot + 1) % plan.block_size == 0
+                carried = self._carry.get(slot) if block_end else self._carry.pop(slot, None)
                 if carried is None:
-                    raise RuntimeError(f"RidgeFill: the split state of the token at KV slot {slot}, before a chunk's "
-                                       "first filled token, was not kept; this is a bug of the plugin")
+                    raise RuntimeError(f"RidgeFill: the split state of the token at KV slot {slot}, before the first "
+                                       "filled token of this step, was not kept; this is a bug of the plugin")
                 h_prev[i] = carried
             for t, slot in plan.carry_out:
                 self._carry[slot] = h[t].detach().clone()

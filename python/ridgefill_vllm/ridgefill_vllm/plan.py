@@ -15,9 +15,14 @@ fast prefill (Gemma 3n) builds metadata for the last tokens of each request. Fil
 chunks wrote their predicted K/V when they were scheduled.
 
 Context maps read the split state of the token before each filled token. Within a step it is the previous
-scheduled token; for the first token of a later chunk it is the last token of the request's previous chunk,
-which the model keeps between steps, keyed by that token's KV-cache slot (:attr:`FillPlan.carry_out`,
-:attr:`FillPlan.carry_in`).
+scheduled token; for the first token of a later chunk, or the first token after a prefix-cache hit, it is a
+token computed in an earlier step, whose split state the model keeps, keyed by its KV-cache slot
+(:attr:`FillPlan.carry_out`, :attr:`FillPlan.carry_in`).
+
+Prefix caching: the hash of a KV block carries the fill (:func:`fill_block_key`: the maps, the tail, and how
+many of the block's rows are filled), so a block is served from the cache only to a request that fills the
+same rows of it after the same prefix; block hashes chain, so every later block of the request differs from
+the exact model's too.
 
 The prompt lengths and computed-token counts come from the model runner: :func:`set_step_requests` is
 called by the hook :func:`install_runner_hook` installs, before each step's metadata is built.
@@ -94,8 +99,11 @@ class FillPlan:
             chunk (its split state is in the model's carry, :attr:`carry_in`).
         carry_in: ``(i, slot)`` pairs: filled token ``filled[i]``'s previous token is the one at KV-cache slot
             ``slot``, computed in an earlier step.
-        carry_out: ``(token index, slot)`` pairs: tokens whose split state the next chunk of their request
-            reads (the last scheduled token of a request whose next token is filled).
+        carry_out: ``(token index, slot)`` pairs: tokens whose split state a later step may read: the last
+            scheduled token of a request whose next token is filled (read once, by its next chunk), and every
+            filled token that ends a KV block (read by any request that hits the block in the prefix cache;
+            kept until the slot is written again).
+        block_size: the KV block size (``None`` without a block table).
     """
 
     filled: Tensor
@@ -108,6 +116,7 @@ class FillPlan:
     filled_prev: Tensor | None = None
     carry_in: list[tuple[int, int]] = field(default_factory=list)
     carry_out: list[tuple[int, int]] = field(default_factory=list)
+    block_size: int | None = None
 
 
 def _slot_of(block_table: Tensor, req: int, pos: int, block_size: int) -> int:
@@ -153,15 +162,18 @@ def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int, num_
             raise ValueError("a later chunk's first filled token needs the block table to find the previous token")
         r = int(f_req[i])
         carry_in.append((i, _slot_of(block_table, r, int(computed[r]) - 1, block_size)))
-    carry_out = []
+    keep = set()
     for r in range(q_lens.numel()):  # whole chunk filled and more filled tokens to come: keep its last h_S
         q = int(q_lens[r])
         if q and int(n_filled[r]) == q and int(computed[r]) + q < int(prompt[r]) - tail:
-            t = int(qsl[r]) + q - 1
-            carry_out.append((t, int(slot_mapping[t])))
+            keep.add(int(qsl[r]) + q - 1)
+    if block_size is not None:  # filled tokens that end a KV block: a later request may hit the block in the
+        ends = filled_cpu[(computed[f_req] + f_off + 1) % block_size == 0]  # prefix cache and read them
+        keep.update(ends.tolist())
+    carry_out = [(t, int(slot_mapping[t])) for t in sorted(keep)]
     filled, exact = filled_cpu.to(device), (~is_filled).nonzero().flatten().to(device)
     return FillPlan(filled, exact, slot_mapping[filled], slot_mapping[exact], total, q_lens, n_filled,
-                    prev.to(device), carry_in, carry_out)
+                    prev.to(device), carry_in, carry_out, block_size)
 
 
 def subset_metadata(common, plan: FillPlan):
