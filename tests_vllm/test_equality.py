@@ -171,3 +171,37 @@ def test_prefix_caching_reuses_blocks_of_the_same_fill_and_equals_caching_off(re
         got, want = _logprobs(mine), _logprobs(plain)
         for t in [t for t in plain["top_ids"][:10] if t in got]:
             assert got[t] == pytest.approx(want[t], abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def preemption_runs(reference, work_dir):
+    """Two prompts of 640 and 384 tokens (5 and 3 blocks of 128), chunked prefill at 256 tokens, prefix caching
+    off; with a KV pool of 8 usable blocks (9, one being vLLM's null block) the first prompt's first decoding
+    token finds no free block, and vLLM preempts the second request and recomputes it later."""
+    a, b = reference["prompts"][0]["ids"], reference["prompts"][1]["ids"]
+    ridgefill = {"maps": reference["maps"], "tail": reference["tail"]}
+    runs = {}
+    for name, extra in (("preempted", {"num_gpu_blocks_override": 9}), ("roomy", {})):
+        log = work_dir / f"preemption-{name}-steps.jsonl"
+        log.unlink(missing_ok=True)
+        spec = _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill, step_log=str(log),
+                     engine={"enable_chunked_prefill": True, "max_num_batched_tokens": 256,
+                             "enable_prefix_caching": False, **extra})
+        spec["prompts"] = [a[:640], b[:384]]
+        runs[name] = run_engine(work_dir, f"preemption-{name}", spec, fresh=True)
+        runs[name]["steps"] = [json.loads(line) for line in log.read_text().splitlines()]
+    return runs
+
+
+def test_a_preempted_request_gives_the_output_of_one_not_preempted(reference, preemption_runs):
+    """The preempted request is recomputed with the same filled rows (its prompt's) and its generated tokens
+    exact: the same greedy tokens and first-token log-probabilities as without preemption."""
+    tight, roomy = preemption_runs["preempted"], preemption_runs["roomy"]
+    starts = [(c, q) for s in tight["steps"] for c, q in zip(s["num_computed"], s["query_lens"]) if c == 0]
+    assert len(starts) > len([(c, q) for s in roomy["steps"] for c, q in zip(s["num_computed"], s["query_lens"])
+                              if c == 0]), "no request was preempted and recomputed"
+    for mine, plain in zip(tight["prompts"], roomy["prompts"]):
+        assert mine["greedy"] == plain["greedy"]
+        got, want = _logprobs(mine), _logprobs(plain)
+        for t in [t for t in plain["top_ids"][:10] if t in got]:
+            assert got[t] == pytest.approx(want[t], abs=1e-4)

@@ -49,8 +49,9 @@ from .plan import install_runner_hook
 from .prefix import DEFAULT_TAIL
 
 #: Environment variable naming a file to which each step with filled tokens appends one JSON line
-#: (``{"query_lens": [...], "filled": F, "exact": E, "num_filled": [...], "carried": C}``): how vLLM batched
-#: the requests and how many chunks read a carried split state (tests, debugging).
+#: (``{"query_lens": [...], "filled": F, "exact": E, "num_filled": [...], "num_computed": [...], "carried": C}``):
+#: how vLLM batched the requests, where each request's scheduled tokens start, and how many chunks read a
+#: carried split state (tests, debugging).
 STEP_LOG_ENV = "RIDGEFILL_VLLM_STEP_LOG"
 
 
@@ -192,6 +193,7 @@ class RidgeFillLlamaModel(LlamaModel):
             with open(os.environ[STEP_LOG_ENV], "a") as f:
                 f.write(json.dumps({"query_lens": plan.query_lens.tolist(), "filled": plan.filled.numel(),
                                     "exact": plan.exact.numel(), "num_filled": plan.num_filled.tolist(),
+                                    "num_computed": plan.num_computed.tolist(),
                                     "carried": len(plan.carry_in)}) + "\n")
         h = hidden + residual if residual is not None else hidden  # h_S, the input of layer S+1: [tokens, d]
         h_f, pos_f = h[plan.filled], positions[plan.filled]

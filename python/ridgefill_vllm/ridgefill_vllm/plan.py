@@ -104,6 +104,7 @@ class FillPlan:
             filled token that ends a KV block (read by any request that hits the block in the prefix cache;
             kept until the slot is written again).
         block_size: the KV block size (``None`` without a block table).
+        num_computed: ``[R]`` int64 CPU, each request's position of its first scheduled token.
     """
 
     filled: Tensor
@@ -117,6 +118,7 @@ class FillPlan:
     carry_in: list[tuple[int, int]] = field(default_factory=list)
     carry_out: list[tuple[int, int]] = field(default_factory=list)
     block_size: int | None = None
+    num_computed: Tensor | None = None
 
 
 def _slot_of(block_table: Tensor, req: int, pos: int, block_size: int) -> int:
@@ -173,7 +175,7 @@ def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int, num_
     carry_out = [(t, int(slot_mapping[t])) for t in sorted(keep)]
     filled, exact = filled_cpu.to(device), (~is_filled).nonzero().flatten().to(device)
     return FillPlan(filled, exact, slot_mapping[filled], slot_mapping[exact], total, q_lens, n_filled,
-                    prev.to(device), carry_in, carry_out, block_size)
+                    prev.to(device), carry_in, carry_out, block_size, computed)
 
 
 def subset_metadata(common, plan: FillPlan):
