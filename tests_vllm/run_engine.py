@@ -5,8 +5,8 @@ this file needs the ``__main__`` guard): ``python run_engine.py SPEC.json OUT.js
 ``model_dir``, ``architecture``, ``ridgefill`` (the plugin settings or ``null``), ``prompts`` (lists of
 token ids), ``gen_tokens``, ``top``, ``engine`` (extra ``vllm.LLM`` arguments) and ``step_log``
 (a file for the plugin's per-step log, or absent), ``sequential`` (send the prompts one after another
-instead of in one call). ``OUT`` gets the KV block size and, per prompt, the greedy continuation, the first
-token's top log-probabilities and the prompt tokens found in the prefix cache, and, with
+instead of in one call) and ``needles`` (more prompts, answered greedily after the others, as text). ``OUT`` gets the KV block size and, per prompt, the greedy continuation, the first
+token's top log-probabilities and the prompt tokens found in the prefix cache, the needle answers, and, with
 ``try_prompt_logprobs``, the error a prompt-logprobs request raised (or ``null``).
 """
 
@@ -36,7 +36,7 @@ def main(spec_path: str, out_path: str) -> None:
     if spec.get("sequential"):  # one request after another (prefix caching: a later one may hit earlier blocks)
         outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
     else:
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        outs = llm.generate(prompts, params, use_tqdm=False) if prompts else []
     result = {"prompts": [], "block_size": llm.llm_engine.vllm_config.cache_config.block_size}
     for o in outs:
         c = o.outputs[0]
@@ -45,6 +45,10 @@ def main(spec_path: str, out_path: str) -> None:
         result["prompts"].append({"greedy": list(c.token_ids), "top_ids": [k for k, _ in ranked],
                                   "top_logprobs": [v.logprob for _, v in ranked],
                                   "num_cached_tokens": o.num_cached_tokens or 0})
+    if spec.get("needles"):  # needle prompts, one generate call after the prompts: greedy answers as text
+        answers = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["needles"]],
+                               SamplingParams(max_tokens=g, temperature=0.0), use_tqdm=False)
+        result["needles"] = [o.outputs[0].text for o in answers]
     if spec.get("try_prompt_logprobs"):
         try:
             llm.generate([TokensPrompt(prompt_token_ids=spec["prompts"][0])],

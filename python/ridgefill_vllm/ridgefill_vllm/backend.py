@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import functools
 
-from .plan import make_plan, step_requests, subset_metadata
+from .plan import make_plan, step_request_ids, step_requests, subset_metadata
 
 
 @functools.cache
-def fill_backend(underlying, tail: int):
+def fill_backend(underlying, tail: int, select: bool = False):
     """A subclass of the attention backend class ``underlying`` whose builder restricts the queries
     to the exact tokens of a step (those in the last ``tail`` positions of each prompt, every decoding
     token; :func:`ridgefill_vllm.plan.make_plan`)."""
@@ -29,7 +29,11 @@ def fill_backend(underlying, tail: int):
             cm = common_attn_metadata
             computed, prompt = step_requests(cm.num_reqs)
             plan = make_plan(cm.query_start_loc_cpu, cm.slot_mapping, tail, computed, prompt,
-                             cm.block_table_tensor, self.kv_cache_spec.block_size)
+                             cm.block_table_tensor, self.kv_cache_spec.block_size, select)
+            if plan is not None:  # row selection builds metadata for other rows of the late layers
+                plan.req_ids, plan.token_ids = step_request_ids()
+                plan.common = cm
+                plan.build = functools.partial(base.build, self, 0)
             if plan is not None and plan.exact.numel() > 0:  # without exact tokens the late layers attend to nothing
                 cm = subset_metadata(cm, plan)
                 common_prefix_len = 0  # no cascade attention over a subset of queries
@@ -37,5 +41,5 @@ def fill_backend(underlying, tail: int):
             metadata.ridgefill_plan = plan
             return metadata
 
-    return subclass_attention_backend(name_prefix=f"RidgeFillTail{tail}", attention_backend_cls=underlying,
+    return subclass_attention_backend(name_prefix=f"RidgeFillTail{tail}{'Select' if select else ''}", attention_backend_cls=underlying,
                                       builder_cls=RidgeFillBuilder)

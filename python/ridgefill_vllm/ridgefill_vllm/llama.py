@@ -47,6 +47,8 @@ from .errors import InputError
 from .maps import SAMPLE_VALUES, FillMaps, load_fill_maps
 from .plan import install_runner_hook
 from .prefix import DEFAULT_TAIL
+from .selection import (DEFAULT_SELECT, ChosenRows, ScoringModel, SplitStates, induction_scores, parse_select,
+                        read_keys, selecting_requests, slots_of, span_metadata, spans)
 
 #: Environment variable naming a file to which each step with filled tokens appends one JSON line
 #: (``{"query_lens": [...], "filled": F, "exact": E, "num_filled": [...], "num_computed": [...], "carried": C}``):
@@ -55,24 +57,29 @@ from .prefix import DEFAULT_TAIL
 STEP_LOG_ENV = "RIDGEFILL_VLLM_STEP_LOG"
 
 
-def fill_settings(hf_config) -> tuple[str, int] | None:
-    """``(maps path, tail)`` from ``hf_config.ridgefill`` (a dict), or ``None`` without maps.
+def fill_settings(hf_config) -> tuple[str, int, str] | None:
+    """``(maps path, tail, select)`` from ``hf_config.ridgefill`` (a dict), or ``None`` without maps.
 
     Raises:
-        InputError: ``ridgefill`` is not a dict, has unknown keys, or ``tail`` is not an integer ``≥ 1``.
+        InputError: ``ridgefill`` is not a dict, has unknown keys, ``tail`` is not an integer ``≥ 1``, or
+            ``select`` is not a string.
     """
     cfg = getattr(hf_config, "ridgefill", None)
     if cfg is None:
         return None
-    if not isinstance(cfg, dict) or set(cfg) - {"maps", "tail"}:
+    if not isinstance(cfg, dict) or set(cfg) - {"maps", "tail", "select"}:
         raise InputError(f"the model config's 'ridgefill' entry must be a dict with keys 'maps' (a maps file from "
-                         f"`ridgefill calibrate`) and 'tail' (exact tokens per prompt); got {cfg!r}")
+                         f"`ridgefill calibrate`), 'tail' (exact tokens per prompt) and 'select' (row selection, "
+                         f"'on' or 'off'); got {cfg!r}")
     tail = cfg.get("tail", DEFAULT_TAIL)
     if not isinstance(tail, int) or isinstance(tail, bool) or tail < 1:
         raise InputError(f"ridgefill tail={tail!r} must be an integer ≥ 1 (exact tokens at the end of each prompt)")
+    select = cfg.get("select", DEFAULT_SELECT)
+    if not isinstance(select, str):
+        raise InputError(f"ridgefill select={select!r} must be a string: 'on' (the default), 'off', or a spec")
     if cfg.get("maps") is None:
         return None
-    return str(cfg["maps"]), tail
+    return str(cfg["maps"]), tail, select
 
 
 def check_engine(vllm_config: VllmConfig) -> None:
@@ -112,9 +119,14 @@ class RidgeFillLlamaModel(LlamaModel):
         settings = fill_settings(self.config)
         self.fill_maps: FillMaps | None = None
         self.tail = settings[1] if settings else DEFAULT_TAIL
+        self.selection = None
         if settings is None:
             return
         check_engine(vllm_config)
+        self.selection = parse_select(settings[2])  # before the maps load: a bad setting fails fast
+        if self.selection is not None and vllm_config.parallel_config.tensor_parallel_size > 1:
+            raise InputError("row selection scores every head, which tensor parallelism splits across ranks: serve "
+                             "with tensor_parallel_size=1, or set 'select': 'off' in the ridgefill config")
         install_runner_hook()  # each step records its prompt lengths for the row plan (ridgefill_vllm.plan)
         maps = load_fill_maps(settings[0])
         maps.check_shape(self.config.num_hidden_layers, self.config.hidden_size)
@@ -128,6 +140,10 @@ class RidgeFillLlamaModel(LlamaModel):
         # context maps: h_S of tokens a later step reads (a chunk's last token, a filled block's last token),
         # by KV-cache slot (FillPlan.carry_out / carry_in); at most one d-vector per slot
         self._carry: dict[int, torch.Tensor] = {}
+        self._q: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # late layers' Q rows (selection)
+        self._states = SplitStates()  # h_S by KV slot (selection reruns rows of earlier chunks)
+        self._chosen = ChosenRows()  # each request's exact rows, reused when a preempted request is recomputed
+        self._scoring: ScoringModel | None = None
         self.late = list(range(self.split + 1, self.config.num_hidden_layers))
         self.late_names = [self.layers[i].self_attn.attn.layer_name for i in self.late]
         for i in self.late:
@@ -136,7 +152,7 @@ class RidgeFillLlamaModel(LlamaModel):
                 raise InputError(f"the attention backend {attn.attn_backend.get_name()} writes the KV cache inside "
                                  "its forward; RidgeFill needs a backend with a separate cache write (vLLM's CPU, "
                                  "FlashAttention, FlashInfer and Triton backends have one)")
-            attn.attn_backend = fill_backend(attn.attn_backend, self.tail)
+            attn.attn_backend = fill_backend(attn.attn_backend, self.tail, self.selection is not None)
 
     def capture_kv_weights(self) -> None:
         """Keep the K/V rows of each late layer's fused QKV weight (and bias): vLLM's CPU build may repack
@@ -153,13 +169,17 @@ class RidgeFillLlamaModel(LlamaModel):
             if w.ndim != 2 or w.shape[0] != attn.q_size + 2 * attn.kv_size:
                 raise InputError("the late layers' QKV weights were repacked before RidgeFill could copy their K/V "
                                  "rows; load real weights (not load_format='dummy') on this platform")
-            w = w[attn.q_size:].detach().clone()  # [2·kv_size (this rank), d]
             bias = getattr(attn.qkv_proj, "bias", None)
+            if self.selection is not None:  # the query rows' queries, for the attention parts' scores
+                self._q[i] = (w[:attn.q_size].detach().clone(), None if bias is None else bias[:attn.q_size].detach().clone())
+            w = w[attn.q_size:].detach().clone()  # [2·kv_size (this rank), d]
             self._kv.append((w, None if bias is None else bias[attn.q_size:].detach().clone()))
 
     def _write_filled(self, j: int, h: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
         """Late layer ``self.late[j]``: K/V of the filled tokens from ``x̂ = h W + b`` into the paged cache
         (``h`` ``[F, f]``: the filled tokens' ``h_S``, beside the previous token's for context maps)."""
+        if h.shape[0] == 0:
+            return
         layer = self.layers[self.late[j]]
         attn = layer.self_attn
         x_hat = torch.addmm(self._b[j], h, self._w[j])  # [F, d]
@@ -196,6 +216,12 @@ class RidgeFillLlamaModel(LlamaModel):
                                     "num_computed": plan.num_computed.tolist(),
                                     "carried": len(plan.carry_in)}) + "\n")
         h = hidden + residual if residual is not None else hidden  # h_S, the input of layer S+1: [tokens, d]
+        ctx = get_forward_context()
+        if self.selection is not None:  # every scheduled token's h_S, by slot: selection may rerun its row later
+            n = plan.num_tokens
+            a = self.layers[self.late[0]].self_attn.attn
+            self._states.write(ctx.slot_mapping[self.late_names[0]][:n], h[:n],
+                               a.kv_cache.numel() // (2 * a.num_kv_heads * a.head_size))
         h_f, pos_f = h[plan.filled], positions[plan.filled]
         if self.fill_maps.context:  # context maps read the previous token's h_S too (zeros before a request's first)
             prev = plan.filled_prev
@@ -211,8 +237,13 @@ class RidgeFillLlamaModel(LlamaModel):
             for t, slot in plan.carry_out:
                 self._carry[slot] = h[t].detach().clone()
             h_f = torch.cat([h_f, h_prev], -1)
+        selecting = selecting_requests(plan, self.tail) if self.selection is not None else []
+        if selecting:
+            for j in range(len(self.late)):
+                self._write_filled(j, h_f, pos_f, plan.filled_slots)
+            return self._forward_selecting(plan, positions, h, selecting)
         x, pos_e, residual = h[plan.exact], positions[plan.exact], None
-        slots = get_forward_context().slot_mapping
+        slots = ctx.slot_mapping
         saved = {name: slots.get(name) for name in self.late_names}
         try:
             for name in self.late_names:  # the exact tokens' own K/V go to their slots
@@ -223,16 +254,129 @@ class RidgeFillLlamaModel(LlamaModel):
                 if has_exact:
                     x, residual = self.layers[i](pos_e, x, residual)
         finally:
-            for name, value in saved.items():
-                if value is None:
-                    slots.pop(name, None)
-                else:
-                    slots[name] = value
+            _restore(slots, saved)
         out = h.new_zeros((positions.shape[0], h.shape[-1]))
         if has_exact:
             x, _ = self.norm(x, residual)
             out[plan.exact] = x
         return out
+
+    def _forward_selecting(self, plan, positions: torch.Tensor, h: torch.Tensor, selecting) -> torch.Tensor:
+        """The late layers of a step in which requests select (:mod:`ridgefill_vllm.selection`): the filled
+        tokens' K/V are written; each selecting request runs the lexical part, pass 1 with the attention
+        parts' scoring, and, where they add rows, pass 2 (as ``ridgefill.prefill``); the step's other
+        requests run their exact tokens in pass 1. Returns the step's output hidden states."""
+        from ridgefill.select import Planner
+
+        device = h.device
+        if self._scoring is None:
+            self._scoring = ScoringModel(self, self._q, induction_scores(self))
+        q_lens, n_filled, computed = plan.query_lens.tolist(), plan.num_filled.tolist(), plan.num_computed.tolist()
+        exact: dict[int, torch.Tensor] = {}  # request row -> sorted positions that run the late layers
+        for r in range(len(q_lens)):
+            if q_lens[r] > n_filled[r]:
+                exact[r] = torch.arange(computed[r] + n_filled[r], computed[r] + q_lens[r], device=device)
+        planners, prompt = {}, {}
+        for s in selecting:
+            prompt[s.req] = s.prompt
+            tail_rows = torch.arange(s.prompt - self.tail, s.prompt, device=device)
+            chosen = self._chosen.get(s.req_id, s.prompt)
+            if chosen is not None:  # a recomputed request (preemption) runs the rows it chose before
+                exact[s.req] = chosen.to(device)
+                continue
+            planners[s.req] = Planner(self.selection, s.prompt, device)
+            exact[s.req] = planners[s.req].up_front(s.token_ids[None].to(device), None, None, self.tail, tail_rows)
+        rounds = self.selection.rounds
+        ran: dict[int, torch.Tensor] = {}
+        scorers: dict[int, dict] = {}
+        outputs: dict[int, torch.Tensor] = {}
+        for rnd in range(rounds + 1):
+            run = [r for r in sorted(exact) if r not in ran or (r in planners and not torch.equal(ran[r], exact[r]))]
+            if run:
+                for r in run:
+                    if r in planners:
+                        scorers[r] = planners[r].scorers(self._scoring, rnd)
+                out = self._late_run(plan, {r: exact[r] for r in run}, prompt,
+                                     {r: list(scorers[r].values()) for r in run if r in planners and scorers[r]})
+                for r in run:
+                    ran[r], outputs[r] = exact[r], out[r]
+            if rnd < rounds:
+                for r, planner in planners.items():
+                    exact[r] = planner.after_pass(rnd, scorers[r], exact[r])
+        for s in selecting:
+            if s.req in planners:
+                self._chosen.put(s.req_id, s.prompt, ran[s.req])
+        if os.environ.get(STEP_LOG_ENV):
+            with open(os.environ[STEP_LOG_ENV], "a") as f:
+                f.write(json.dumps({"selected": {s.req_id: ran[s.req][ran[s.req] < s.prompt - self.tail].tolist()
+                                                 for s in selecting},
+                                    "reused": [s.req_id for s in selecting if s.req not in planners]}) + "\n")
+        out = h.new_zeros((positions.shape[0], h.shape[-1]))
+        req = torch.repeat_interleave(torch.arange(len(q_lens)), plan.query_lens)
+        ex = plan.exact.cpu()
+        for r in range(len(q_lens)):
+            tokens = ex[req[ex] == r]
+            if tokens.numel():
+                rows = torch.searchsorted(ran[r], positions[tokens.to(device)])
+                out[tokens.to(device)] = outputs[r][rows]
+        return out
+
+    def _late_run(self, plan, rows: dict[int, torch.Tensor], prompt: dict[int, int],
+                  scorers: dict[int, list]) -> dict[int, torch.Tensor]:
+        """Run the late layers for ``rows`` (request row -> sorted positions), from their kept ``h_S``, as
+        pseudo-requests (one per run of consecutive positions; :func:`~ridgefill_vllm.selection.span_metadata`),
+        writing their K/V to their slots. ``scorers[r]`` (``ridgefill.select.AttentionScores``) record the
+        attention of request ``r``'s last rows over its ``prompt[r]`` keys in each late layer. Returns each
+        request's final hidden states ``[len(rows[r]), d]``."""
+        table, bs = plan.common.block_table_tensor, plan.block_size
+        reqs, runs, slot_parts, pos_parts, bounds, start = [], [], [], [], {}, 0
+        for r, pos in rows.items():
+            for a, b in spans(pos.cpu()):
+                reqs.append(r)
+                runs.append((a, b))
+            slot_parts.append(slots_of(table[r], pos, bs))
+            pos_parts.append(pos)
+            bounds[r] = (start, start + pos.numel())
+            start += pos.numel()
+        slots, pos = torch.cat(slot_parts), torch.cat(pos_parts)
+        metadata = plan.build(span_metadata(plan.common, reqs, runs, slots, pos))
+        x, residual = self._states.read(slots), None
+        ctx = get_forward_context()
+        saved_meta = {name: ctx.attn_metadata[name] for name in self.late_names}
+        saved_slots = {name: ctx.slot_mapping.get(name) for name in self.late_names}
+        try:
+            for name in self.late_names:
+                ctx.attn_metadata[name] = metadata
+                ctx.slot_mapping[name] = slots
+            for i in self.late:
+                queries = {}
+                for r, recs in scorers.items():  # the scored rows' layer input, before the layer runs
+                    a, b = bounds[r]
+                    q = min(max(sc.rows for sc in recs), b - a)
+                    rows_r = torch.arange(b - q, b, device=x.device)
+                    queries[r] = (x[rows_r] + residual[rows_r]) if residual is not None else x[rows_r].clone()
+                x, residual = self.layers[i](pos, x, residual)
+                attn = self.layers[i].self_attn.attn
+                for r, recs in scorers.items():
+                    a, b = bounds[r]
+                    keys = read_keys(attn, table[r], prompt[r], bs)[None]
+                    for sc in recs:
+                        k = min(sc.rows, b - a)
+                        p = pos[b - k:b]
+                        sc.add(i, queries[r][-k:][None], p, p, keys, None)
+        finally:
+            _restore(ctx.attn_metadata, saved_meta)
+            _restore(ctx.slot_mapping, saved_slots)
+        x, _ = self.norm(x, residual)
+        return {r: x[a:b] for r, (a, b) in bounds.items()}
+
+
+def _restore(mapping: dict, saved: dict) -> None:
+    for name, value in saved.items():
+        if value is None:
+            mapping.pop(name, None)
+        else:
+            mapping[name] = value
 
 
 class RidgeFillLlamaForCausalLM(LlamaForCausalLM):

@@ -54,7 +54,8 @@ def install_runner_hook() -> bool:
 
     def _build_attention_metadata(self, *args, **kwargs):
         batch = self.input_batch
-        set_step_requests(batch.num_computed_tokens_cpu_tensor, batch.num_prompt_tokens_cpu_tensor)
+        set_step_requests(batch.num_computed_tokens_cpu_tensor, batch.num_prompt_tokens_cpu_tensor,
+                          list(batch.req_ids), batch.token_ids_cpu_tensor)
         return original(self, *args, **kwargs)
 
     _build_attention_metadata._ridgefill = True
@@ -62,10 +63,18 @@ def install_runner_hook() -> bool:
     return True
 
 
-def set_step_requests(num_computed: Tensor, num_prompt: Tensor) -> None:
+def set_step_requests(num_computed: Tensor, num_prompt: Tensor, req_ids: list[str] | None = None,
+                      token_ids: Tensor | None = None) -> None:
     """Record, for the step whose attention metadata is being built, each request's computed tokens and
-    prompt length (``[R]`` integer CPU tensors in the step's request order; padding rows may follow)."""
+    prompt length (``[R]`` integer CPU tensors in the step's request order; padding rows may follow), and
+    for row selection its id and token ids (``[≥ R, max_model_len]`` CPU, the prompt first)."""
     _STEP.requests = (num_computed, num_prompt)
+    _STEP.ids = (req_ids, token_ids)
+
+
+def step_request_ids() -> tuple[list[str] | None, Tensor | None]:
+    """``(request ids, token ids)`` recorded by :func:`set_step_requests` (``(None, None)`` if none)."""
+    return getattr(_STEP, "ids", (None, None))
 
 
 def step_requests(num_reqs: int) -> tuple[Tensor, Tensor] | tuple[None, None]:
@@ -105,6 +114,10 @@ class FillPlan:
             kept until the slot is written again).
         block_size: the KV block size (``None`` without a block table).
         num_computed: ``[R]`` int64 CPU, each request's position of its first scheduled token.
+        num_prompt: ``[R]`` int64 CPU, each request's prompt length.
+        req_ids, token_ids: the requests' ids and token ids (row selection; ``None`` where not recorded).
+        common, build: the step's ``CommonAttentionMetadata`` and a function building the late layers'
+            backend metadata from one (row selection runs the late layers on other rows).
     """
 
     filled: Tensor
@@ -119,6 +132,11 @@ class FillPlan:
     carry_out: list[tuple[int, int]] = field(default_factory=list)
     block_size: int | None = None
     num_computed: Tensor | None = None
+    num_prompt: Tensor | None = None
+    req_ids: list[str] | None = None
+    token_ids: Tensor | None = None
+    common: object = None
+    build: object = None
 
 
 def _slot_of(block_table: Tensor, req: int, pos: int, block_size: int) -> int:
@@ -128,7 +146,7 @@ def _slot_of(block_table: Tensor, req: int, pos: int, block_size: int) -> int:
 
 def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int, num_computed: Tensor | None = None,
               num_prompt: Tensor | None = None, block_table: Tensor | None = None,
-              block_size: int | None = None) -> FillPlan | None:
+              block_size: int | None = None, select: bool = False) -> FillPlan | None:
     """The row plan of a step, or ``None`` when it has no filled token (decoding, short prompts, tails).
 
     Args:
@@ -140,6 +158,9 @@ def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int, num_
         num_prompt: ``[R]`` each request's prompt length (default: its scheduled tokens).
         block_table: ``[R, blocks]`` block ids, and ``block_size``: needed when a request's first scheduled
             token is filled and not at position 0 (a later chunk), to find the previous token's slot.
+        select: row selection is on: a step also gets a plan when it schedules prompt tokens of a request
+            with filled rows (``prompt > tail``) but no filled token (a chunk of the tail), so that their
+            split states are kept and the request selects when its last prompt token is scheduled.
     """
     qsl = query_start_loc_cpu.to(torch.int64)
     q_lens = qsl[1:] - qsl[:-1]
@@ -147,7 +168,7 @@ def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int, num_
     prompt = q_lens.clone() if num_prompt is None else num_prompt.to(torch.int64)
     # positions computed .. computed+q-1; filled: p < prompt - tail
     n_filled = torch.minimum((prompt - tail - computed).clamp_min(0), q_lens)
-    if int(n_filled.sum()) == 0:
+    if int(n_filled.sum()) == 0 and not (select and bool(((computed < prompt) & (prompt > tail)).any())):
         return None
     total = int(qsl[-1])
     req = torch.repeat_interleave(torch.arange(q_lens.numel()), q_lens)
@@ -175,7 +196,7 @@ def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int, num_
     carry_out = [(t, int(slot_mapping[t])) for t in sorted(keep)]
     filled, exact = filled_cpu.to(device), (~is_filled).nonzero().flatten().to(device)
     return FillPlan(filled, exact, slot_mapping[filled], slot_mapping[exact], total, q_lens, n_filled,
-                    prev.to(device), carry_in, carry_out, block_size, computed)
+                    prev.to(device), carry_in, carry_out, block_size, computed, prompt)
 
 
 def subset_metadata(common, plan: FillPlan):

@@ -1,0 +1,289 @@
+"""Row selection inside vLLM's forward: the rows of each prompt that the fill makes exact, chosen as
+:func:`ridgefill.prefill` chooses them (``ridgefill.select``: its :class:`~ridgefill.select.Planner`,
+:class:`~ridgefill.select.AttentionScores` and :func:`~ridgefill.select.choose_rows` are used as they are).
+
+A request selects in the step that schedules its last prompt token (with chunked prefill, the last chunk;
+:func:`selecting_requests`). Its split states ``h_S`` of every prompt token are kept by KV-cache slot
+(:class:`SplitStates`, written in every step with filled tokens), so rows of earlier chunks can run the
+late layers again without their lower layers (whose K/V are in the cache):
+
+1. The lexical part chooses rows from the prompt's token ids (before the late layers).
+2. Pass 1: the tail and those rows run the late layers, as pseudo-requests (one per run of consecutive
+   rows, with the request's block table and the sequence length ending at the run; :func:`span_metadata`),
+   while the attention parts record, in each late layer, the attention of the last exact rows over the
+   request's keys, read from the paged KV cache (:class:`KeyReader`) after the layer wrote them.
+3. The attention parts choose; if rows were added, pass 2 runs the tail and every chosen row through the
+   late layers again: chosen rows overwrite their predicted K/V with exact ones, the tail attends to them.
+
+The heads the attention parts keep (``heads="induction"``) are scored once per engine from the served
+weights (:func:`induction_scores`, the reference's rule). The chosen rows of a request are kept by request
+id, so a preempted and recomputed request reuses them (:class:`ChosenRows`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .errors import InputError
+
+#: The default of the maps config's ``select`` entry: ``ridgefill``'s default selection.
+DEFAULT_SELECT = "on"
+
+
+def parse_select(value):
+    """The selection of the maps config's ``select`` entry (a spec string as on ``ridgefill``'s command
+    line: ``"on"``, ``"off"``, ``"attention"``, ``"ngram"`` or ``key=value`` parts joined by ``+``), as a
+    ``ridgefill.select.Selection``, or ``None`` for ``"off"``.
+
+    Raises:
+        InputError: not a string, a bad spec, a query-agnostic part (``by=leverage``, which needs the maps'
+            calibration covariance, not read by the plugin), or ``ridgefill`` not installed beside vLLM.
+    """
+    if not isinstance(value, str):
+        raise InputError(f"ridgefill select={value!r} must be a spec string such as 'on' (the default) or 'off'")
+    if value.strip() in ("off", "none", ""):
+        return None
+    try:
+        from ridgefill.errors import InputError as RidgeFillInputError
+        from ridgefill.select import as_select, as_selection
+    except ImportError as e:
+        raise InputError("row selection (the 'select' entry of the ridgefill config, 'on' by default) uses the "
+                         "ridgefill package, which is not installed in vLLM's environment: install it without its "
+                         "dependencies (`pip install --no-deps .` in the RidgeFill repository, as "
+                         "scripts/install_vllm.sh does), or set 'select': 'off' for the plain fill") from e
+    try:
+        selection = as_selection(as_select(value))
+    except RidgeFillInputError as e:
+        raise InputError(f"ridgefill select={value!r}: {e}") from None
+    if any(p.by == "leverage" for p in selection.parts):
+        raise InputError(f"ridgefill select={value!r} has a query-agnostic part (by=leverage, 'prompt'), which the "
+                         "vLLM plugin does not serve; use 'on' (lexical and attention parts) or 'off'")
+    return selection
+
+
+@dataclass
+class SelectingRequest:
+    """A request that selects in this step: its row ``req`` in the step's batch, prompt length ``prompt``,
+    first scheduled position ``computed``, its id and its prompt's token ids ``[prompt]`` int64 CPU."""
+
+    req: int
+    prompt: int
+    computed: int
+    req_id: str
+    token_ids: Tensor
+
+
+def selecting_requests(plan, tail: int) -> list[SelectingRequest]:
+    """The requests of the step whose last prompt token is scheduled in it and that have filled rows
+    (``prompt > tail``)."""
+    if plan.num_prompt is None or plan.req_ids is None:
+        return []
+    out = []
+    q = plan.query_lens.tolist()
+    for r, (c, p) in enumerate(zip(plan.num_computed.tolist(), plan.num_prompt.tolist())):
+        if p > tail and c < p <= c + q[r]:
+            out.append(SelectingRequest(r, p, c, plan.req_ids[r], plan.token_ids[r, :p].to(torch.int64).clone()))
+    return out
+
+
+class SplitStates:
+    """The split state ``h_S`` of every computed token, by KV-cache slot: ``[slots, d]`` in the model's
+    dtype, allocated at the first step with filled tokens (one ``d``-vector per KV-cache slot; beside a
+    late layer's K/V, which hold ``2 · kv_heads · head_dim`` values per slot per layer)."""
+
+    def __init__(self):
+        self.h: Tensor | None = None
+
+    def write(self, slots: Tensor, h: Tensor, num_slots: int) -> None:
+        if self.h is None:
+            self.h = h.new_zeros((num_slots, h.shape[-1]))
+        self.h[slots] = h
+
+    def read(self, slots: Tensor) -> Tensor:
+        return self.h[slots]
+
+
+class ChosenRows:
+    """The exact rows (sorted positions, CPU) each request's selection chose, by request id, so that a
+    preempted request recomputed later runs the same rows; the oldest are forgotten beyond ``capacity``."""
+
+    def __init__(self, capacity: int = 4096):
+        self.rows: OrderedDict[str, tuple[int, Tensor]] = OrderedDict()
+        self.capacity = capacity
+
+    def get(self, req_id: str, prompt: int) -> Tensor | None:
+        got = self.rows.get(req_id)
+        return got[1] if got is not None and got[0] == prompt else None
+
+    def put(self, req_id: str, prompt: int, rows: Tensor) -> None:
+        self.rows[req_id] = (prompt, rows.cpu())
+        self.rows.move_to_end(req_id)
+        while len(self.rows) > self.capacity:
+            self.rows.popitem(last=False)
+
+
+def slots_of(block_table_row: Tensor, positions: Tensor, block_size: int) -> Tensor:
+    """KV-cache slots of ``positions`` (int64) of a request with block table row ``block_table_row``."""
+    blocks = block_table_row.to(torch.int64)[positions // block_size]
+    return blocks * block_size + positions % block_size
+
+
+def spans(positions: Tensor) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive values of sorted ``positions``, as ``(start, end)`` (``end`` exclusive)."""
+    p = positions.tolist()
+    out, start = [], None
+    for i, v in enumerate(p):
+        if start is None:
+            start = v
+        if i + 1 == len(p) or p[i + 1] != v + 1:
+            out.append((start, v + 1))
+            start = None
+    return out
+
+
+def span_metadata(common, reqs: list[int], runs: list[tuple[int, int]], slots: Tensor, positions: Tensor):
+    """vLLM ``CommonAttentionMetadata`` for late-layer runs: run ``i`` holds positions ``runs[i]`` of the
+    request in batch row ``reqs[i]``, with that request's block table and sequence length ``runs[i][1]``
+    (its queries attend causally to the request's cache up to the run's end). ``slots``/``positions``:
+    the runs' tokens in order."""
+    import dataclasses
+
+    idx = torch.tensor(reqs, dtype=torch.int64)
+    q = torch.tensor([e - s for s, e in runs], dtype=torch.int64)
+    ends = torch.tensor([e for _, e in runs], dtype=torch.int64)
+    qsl = torch.zeros(len(runs) + 1, dtype=torch.int64)
+    qsl[1:] = torch.cumsum(q, 0)
+    qsl = qsl.to(common.query_start_loc_cpu.dtype)
+    seq = ends.to(common.seq_lens.dtype)
+
+    def rows(x):
+        if x is None:
+            return None
+        return x[idx.to(x.device)] if isinstance(x, Tensor) else x[idx.numpy()]
+
+    return dataclasses.replace(
+        common, query_start_loc=qsl.to(common.query_start_loc.device), query_start_loc_cpu=qsl,
+        seq_lens=seq.to(common.seq_lens.device), num_reqs=len(runs), num_actual_tokens=int(qsl[-1]),
+        max_query_len=int(q.max()), max_seq_len=int(ends.max()), block_table_tensor=rows(common.block_table_tensor),
+        slot_mapping=slots, positions=positions,
+        causal=rows(common.causal) if isinstance(common.causal, Tensor) else common.causal,
+        encoder_seq_lens=rows(common.encoder_seq_lens), encoder_seq_lens_cpu=rows(common.encoder_seq_lens_cpu),
+        dcp_local_seq_lens=None, dcp_local_seq_lens_cpu_upper_bound=None,
+        seq_lens_cpu_upper_bound=seq.clone(), is_prefilling=torch.ones(len(runs), dtype=torch.bool,
+                                                                        device=common.seq_lens.device),
+        req_idx=rows(common.req_idx), rswa_prefix_lens=rows(common.rswa_prefix_lens),
+        replayssm_decode_base_cpu=rows(common.replayssm_decode_base_cpu),
+        _num_computed_tokens_cache=None, _token_to_req_indices_cache=None)
+
+
+@functools.cache
+def _cpu_key_layout(isa: str, dtype: torch.dtype, block_size: int, head_size: int) -> str:
+    """How vLLM's CPU backend stores keys for ``isa``: ``"plain"`` (``[block, head, pos, dim]``) or
+    ``"transposed"`` (``[block, head, dim, pos]``), found by writing known keys to a scratch cache.
+
+    Raises:
+        InputError: neither layout (a CPU kernel this plugin does not know).
+    """
+    from vllm import _custom_ops as ops
+
+    n = block_size
+    key = torch.arange(n * head_size, dtype=torch.float32).view(n, 1, head_size).to(dtype)
+    cache = torch.zeros(1, 1, 2 * block_size, head_size, dtype=dtype)
+    kc, vc = cache.chunk(2, dim=2)
+    ops.cpu_attn_reshape_and_cache(key, key, kc, vc, torch.arange(n), isa, k_scale=1.0, v_scale=1.0,
+                                   kv_cache_dtype="auto")
+    block = kc[0, 0].contiguous()
+    if torch.equal(block, key[:, 0]):
+        return "plain"
+    if torch.equal(block.reshape(head_size, block_size).t(), key[:, 0]):
+        return "transposed"
+    raise InputError(f"vLLM's CPU attention ISA {isa!r} stores keys in a layout RidgeFill's row selection cannot "
+                     "read; set 'select': 'off' in the ridgefill config")
+
+
+def read_keys(attn, block_table_row: Tensor, n: int, block_size: int) -> Tensor:
+    """The keys (after RoPE) of positions ``0..n-1`` of one request in the paged KV cache of attention
+    layer ``attn`` (vLLM's ``Attention``): ``[kv_heads, n, head_size]``."""
+    cache = attn.kv_cache
+    blocks = block_table_row[: (n + block_size - 1) // block_size].to(torch.int64)
+    if cache.dim() == 4:  # vLLM's CPU backend: [blocks, kv_heads, block_size, 2 · head_size], seen as
+        nb, heads, _, two_hd = cache.shape  # [blocks, kv_heads, 2 · block_size, head_size], keys first
+        hd = two_hd // 2
+        k = cache.view(nb, heads, 2 * block_size, hd)[blocks, :, :block_size]  # [b, H, bs, hd] storage of the keys
+        if _cpu_key_layout(getattr(attn, "isa", "vec"), cache.dtype, block_size, hd) == "transposed":
+            k = k.reshape(-1, heads, hd, block_size).transpose(-1, -2)
+        return k.permute(1, 0, 2, 3).reshape(heads, -1, hd)[:, :n]
+    # FlashAttention-style layout: [2, blocks, block_size, kv_heads, head_size]
+    k = cache[0][blocks]  # [b, bs, H, hd]
+    return k.permute(2, 0, 1, 3).reshape(k.shape[2], -1, k.shape[3])[:, :n]
+
+
+class ScoringModel:
+    """What ``ridgefill.select.AttentionScores`` reads of a model (the reference's adapter interface),
+    for vLLM's Llama layers: the query rows' queries at a late layer, head counts, the scale, and the
+    induction scores of the heads."""
+
+    def __init__(self, model, q_weights: dict[int, tuple[Tensor, Tensor | None]], induction: Tensor):
+        self.model = model
+        attn = model.layers[0].self_attn
+        self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads
+        self.head_dim, self.scaling = attn.head_dim, attn.scaling
+        self.q_weights = q_weights
+        self._induction_scores = ((256, 0), induction)  # read by ridgefill.select.induction_scores
+
+    def queries(self, layer: int, x: Tensor, positions: Tensor) -> Tensor:
+        """``x`` ``[1, q, d]``: layer ``layer``'s input of rows at ``positions``; returns ``[1, H, q, hd]``."""
+        mod = self.model.layers[layer]
+        w, b = self.q_weights[layer]
+        q = F.linear(mod.input_layernorm(x[0]), w, b)
+        q, _ = mod.self_attn.rotary_emb(positions, q.contiguous(), None)
+        return q.view(1, q.shape[0], self.num_heads, self.head_dim).transpose(1, 2)
+
+    def visible_keys(self, layer, positions, n, visible):
+        return None  # causal: a query row sees the keys at or before its position
+
+
+@torch.inference_mode()
+def induction_scores(model, length: int = 256, seed: int = 0) -> Tensor:
+    """Per layer and head, the induction score of vLLM's Llama ``model`` (``LlamaModel``), ``[layers, H]``
+    float32: the reference's rule (``ridgefill.select.induction_scores``): a seeded random sequence of
+    ``length`` ids, repeated once, runs through the exact model (dense attention, outside the paged cache);
+    a head's score is the mean attention each token of the second copy pays to the token after its first
+    occurrence."""
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(vocab // 8, vocab, (length,), generator=g)
+    device = model.embed_tokens.weight.device
+    ids = torch.cat([base, base]).to(device)
+    n = ids.numel()
+    pos = torch.arange(n, device=device)
+    second = torch.arange(length, n - 1, device=device)
+    target = second - length + 1
+    causal = torch.arange(n, device=device)[None, :] <= pos[:, None]
+    x, residual, out = model.embed_input_ids(ids), None, []
+    for layer in model.layers:
+        attn = layer.self_attn
+        if residual is None:
+            residual, h = x, layer.input_layernorm(x)
+        else:
+            h, residual = layer.input_layernorm(x, residual)
+        qkv, _ = attn.qkv_proj(h)
+        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+        q, k = attn.rotary_emb(pos, q.contiguous(), k.contiguous())
+        heads, kv_heads, hd = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        qh = q.view(n, heads, hd).transpose(0, 1)
+        kh = k.view(n, kv_heads, hd).transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        vh = v.reshape(n, kv_heads, hd).transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        p = ((qh @ kh.transpose(-1, -2)).float() * attn.scaling).masked_fill(~causal, float("-inf")).softmax(-1)
+        out.append(p[:, second, target].mean(-1).cpu())
+        o = (p.to(vh.dtype) @ vh).transpose(0, 1).reshape(n, heads * hd)
+        o, _ = attn.o_proj(o)
+        h, residual = layer.post_attention_layernorm(o, residual)
+        x = layer.mlp(h)
+    return torch.stack(out)
