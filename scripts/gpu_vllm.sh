@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # vLLM time to first token on a GPU: vLLM's Llama vs the RidgeFill plugin, Llama-3.1-8B shape
 # (random weights, identity maps at S=15: scripts/make_shape_model.py), 8K to 128K tokens, tensor
-# parallel 1 and, with two or more GPUs, 2.
+# parallel 1 and, with two or more GPUs, 2; the plain fill and row selection; CUDA graphs on and off.
 # Usage: bash scripts/gpu_vllm.sh [OUT_DIR]  (random weights through load_format=dummy: no checkpoint download)
 # Environment: PYTHON: a Python with vLLM (CUDA build) and the plugin installed; without it the script
 #              installs both into .venv-vllm-cuda (needs the package registry), unless VLLM_INSTALL=0.
@@ -22,13 +22,19 @@ fi
 [ -f "$out/shape/maps-S15.safetensors" ] || $py scripts/make_shape_model.py "$out/shape" --split 15
 gpus=$($py -c "import torch; print(torch.cuda.device_count())")
 echo "GPUs: $gpus"
+# chunked prefill on (vLLM's default) and prefix caching on in every run; with and without CUDA graphs
+# (--enforce-eager); the plain fill at tensor parallel 1 and 2, row selection at tensor parallel 1 (the
+# plugin refuses selection with tensor parallelism)
 for eager in 1 0; do
-  for tp in 1 2; do
-    if [ "$tp" -gt "$gpus" ]; then echo "TP=$tp skipped: $gpus GPU(s)"; continue; fi
-    tag="tp$tp-eager$eager"
-    $py scripts/vllm_ttft.py --model "$out/shape/model" --maps "$out/shape/maps-S15.safetensors" \
-      --lengths 8k,32k,64k,128000 --tail 256 --repeats 3 \
-      --device-args "{\"dtype\": \"bfloat16\", \"tensor_parallel_size\": $tp, \"gpu_memory_utilization\": 0.4, \"skip_tokenizer_init\": true, \"load_format\": \"dummy\", \"enforce_eager\": $([ $eager = 1 ] && echo true || echo false)}" \
-      --json "$out/ttft-$tag.json" 2>&1 | grep -v -i "warn" | tee "$out/ttft-$tag.txt" | grep -E "^\||tokens|vLLM TTFT"
+  for select in off on; do
+    for tp in 1 2; do
+      if [ "$tp" -gt "$gpus" ]; then echo "TP=$tp skipped: $gpus GPU(s)"; continue; fi
+      if [ "$select" = on ] && [ "$tp" -gt 1 ]; then continue; fi
+      tag="tp$tp-eager$eager-select-$select"
+      $py scripts/vllm_ttft.py --model "$out/shape/model" --maps "$out/shape/maps-S15.safetensors" \
+        --lengths 8k,32k,64k,128000 --tail 256 --repeats 3 --select "$select" --prefix-caching \
+        --device-args "{\"dtype\": \"bfloat16\", \"tensor_parallel_size\": $tp, \"gpu_memory_utilization\": 0.4, \"skip_tokenizer_init\": true, \"load_format\": \"dummy\", \"enforce_eager\": $([ $eager = 1 ] && echo true || echo false)}" \
+        --json "$out/ttft-$tag.json" 2>&1 | grep -v -i "warn" | tee "$out/ttft-$tag.txt" | grep -E "^\||tokens|vLLM TTFT"
+    done
   done
 done

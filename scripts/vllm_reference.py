@@ -14,7 +14,8 @@ Runs in the project's main environment (``transformers`` 5.24), not in the vLLM 
 and writes a JSON file: ``model_dir``, ``maps``, ``split``, ``tail``, per prompt its token ids, the
 top-``k`` log-probabilities of the first generated token (float64 log-softmax of the last row's logits)
 and the greedy continuation (under ``select`` the same with selection, and the chosen rows), and per
-needle prompt its token ids and answer. ``tests_vllm/conftest.py`` runs it once per pytest run.
+needle prompt its token ids and answer; ``prefix_sequence`` holds four requests sharing prefixes (the first
+prompt, its first 600 tokens then 200 others, its first 300, itself again) with their selection results. ``tests_vllm/conftest.py`` runs it once per pytest run.
 
 Usage: ``python scripts/vllm_reference.py --out ref.json --maps maps.safetensors [--lengths 700,520,300]``
 """
@@ -81,6 +82,16 @@ def main(argv: list[str] | None = None) -> None:
         entry["select"] = {"top_ids": top.indices.tolist(), "top_logprobs": top.values.tolist(),
                            "greedy": new[0].tolist(), "selected": sel.selected.tolist()}
         prompts.append(entry)
+    prefix_sequence = []  # requests sharing prefixes (tests_vllm/test_selection.py: prefix caching with selection)
+    a, b = prompts[0]["ids"], prompts[1]["ids"]
+    for ids in (a, a[:600] + b[1:201], a[:300], a):
+        t = torch.tensor([ids])
+        sel = prefill(model, t, maps, tail=min(args.tail, len(ids)), select="on", mode="ridge")
+        logp = torch.log_softmax(sel.logits[0, -1].double(), -1)
+        top = logp.topk(args.top)
+        new = generate_after(model, t, sel, max_new_tokens=args.gen_tokens)
+        prefix_sequence.append({"ids": ids, "select": {"top_ids": top.indices.tolist(), "top_logprobs": top.values.tolist(),
+                                                       "greedy": new[0].tolist(), "selected": sel.selected.tolist()}})
     needles = []
     sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
     for trial in range(args.needle_trials):  # the reference's single-needle cases (ridgefill eval needles)
@@ -89,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                          depth=case_depth("single", trial, args.needle_trials))
         needles.append({"ids": case.input_ids.tolist(), "answer": case.answer, "depth": case.depth})
     out = {"model_dir": str(model_dir), "maps": str(maps_path.resolve()), "split": maps.split, "tail": args.tail,
-           "dtype": "float32", "prompts": prompts, "needles": needles, "needle_tail": args.needle_tail}
+           "dtype": "float32", "prompts": prompts, "prefix_sequence": prefix_sequence, "needles": needles, "needle_tail": args.needle_tail}
     text_out = json.dumps(out)
     atomic_write(args.out, lambda tmp: Path(tmp).write_text(text_out))
     print(f"wrote {args.out}: {len(prompts)} prompts, maps {maps_path} (S={maps.split}), model {model_dir}")

@@ -1,16 +1,20 @@
 """Time to first token through vLLM's own API: vLLM's Llama (exact) against the RidgeFill plugin.
 
 Runs in the vLLM environment (``bash scripts/install_vllm.sh``). Two engines live in this process,
-vLLM's ``LlamaForCausalLM`` and ``RidgeFillLlamaForCausalLM`` with the given maps, on the same model
-folder and engine settings (chunked prefill and prefix caching off, so that each prompt is timed as one
-step without reuse; the exact engine gets the same). For each prompt length, after one warm-up request per engine, the two are timed
+vLLM's ``LlamaForCausalLM`` and ``RidgeFillLlamaForCausalLM`` with the given maps and row selection
+(``--select``, ``on`` by default), on the same model folder and engine settings: chunked prefill on (vLLM's
+default; ``--max-num-batched-tokens`` sets its step size, vLLM's default when not given; ``--no-chunked``
+prefills each prompt in one step) and prefix caching off (``--prefix-caching`` turns it on; each timed prompt
+is another window of the text, so a request finds at most a shared first block). For each prompt length, after one warm-up request per engine, the two are timed
 alternately (exact, fill, exact, fill, ...): one ``LLM.generate`` call per request with
 ``max_tokens=1``, wall time from the call to its return (prefill + the first token). Prompts are token
 ids of the held-out novel *Persuasion* when ``ridgefill`` is importable (``python/`` of this checkout),
 else fixed pseudo-random ids; each timed request uses another window of the text.
 
 The table gives the median times, their ratio and the FLOP bound of an ideal fill path
-(``ridgefill.costs.ideal_ratio``: exact FLOPs / fill FLOPs at that length, split and tail).
+(``ridgefill.costs.ideal_ratio``: exact FLOPs / fill FLOPs at that length, split and tail; with selection, the
+rows it chose in the last timed request, read from the plugin's step log, its second pass and the scoring
+rows of its attention parts), and the measured ratio as a share of the bound.
 
 Usage (CPU)::
 
@@ -83,12 +87,23 @@ def prompt_source(model_dir: str, need: int, rf):
     return (lambda n, i: random.Random(i).choices(range(100, vocab), k=n)), "pseudo-random ids"
 
 
-def flop_bound(rf, model_dir: str, n: int, split: int, tail: int, context: int = 0) -> float | None:
+def flop_bound(rf, model_dir: str, n: int, split: int, tail: int, context: int = 0, chosen=(),
+               queries: int = 1) -> float | None:
+    """The FLOP bound of the fill at ``n`` tokens; with ``chosen`` rows (row selection), one scoring pass of
+    ``queries`` rows and a second pass of the tail and the chosen rows (``ridgefill.costs.fill_cost``)."""
     if rf is None:
         return None
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     return rf[1].ideal_ratio(rf[1].ModelShape.from_config(SimpleNamespace(**cfg)), n, split, min(tail, n),
-                             context=context)
+                             context=context, selected=chosen, rounds=1, queries=queries)
+
+
+def last_selected(step_log: Path) -> list[int]:
+    """The rows the plugin's selection chose for the last request that selected (its step log), or ``[]``."""
+    if not step_log.exists():
+        return []
+    found = [json.loads(line) for line in step_log.read_text().splitlines() if '"selected"' in line]
+    return next(iter(found[-1]["selected"].values())) if found else []
 
 
 def main() -> None:
@@ -101,6 +116,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="CPU: OpenMP threads of each engine's worker")
     ap.add_argument("--kv-cache-gb", type=int, default=2, help="CPU: VLLM_CPU_KVCACHE_SPACE per engine")
     ap.add_argument("--device-args", default="{}", help="JSON of extra vllm.LLM arguments (GPU: dtype, TP, memory)")
+    ap.add_argument("--select", default="on", help="the plugin's row selection: 'on' (default), 'off' or a spec")
+    ap.add_argument("--no-chunked", action="store_true", help="chunked prefill off: each prompt in one step")
+    ap.add_argument("--prefix-caching", action="store_true", help="prefix caching on (each timed prompt is new text)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (chunked prefill)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     lengths = parse_lengths(args.lengths)
@@ -113,15 +132,30 @@ def main() -> None:
     maps_meta = json.loads(__import__("safetensors").safe_open(args.maps, "pt").metadata()["ridgefill"])
     split, context = maps_meta["split"], maps_meta.get("context", 0)
     max_len = max(lengths) + 16
-    common = dict(dtype="float32", enforce_eager=True, max_model_len=max_len, max_num_batched_tokens=max_len,
-                  enable_chunked_prefill=False, enable_prefix_caching=False, seed=0)
+    common = dict(dtype="float32", enforce_eager=True, max_model_len=max_len, enable_prefix_caching=args.prefix_caching,
+                  seed=0)
+    if args.no_chunked:
+        common.update(enable_chunked_prefill=False, max_num_batched_tokens=max_len)
+    elif args.max_num_batched_tokens:
+        common.update(max_num_batched_tokens=args.max_num_batched_tokens)
+    step_log = Path(args.json or "vllm-ttft").with_suffix(".steps.jsonl").resolve()
+    step_log.unlink(missing_ok=True)
+    os.environ["RIDGEFILL_VLLM_STEP_LOG"] = str(step_log)  # the plugin logs the rows selection chose
     common.update(json.loads(args.device_args))
     rf = import_ridgefill()
+    queries = 1
+    if rf is not None and args.select != "off":  # scoring rows of the selection's attention parts
+        sys.path.insert(0, str(REPO / "python"))
+        import ridgefill.select
+
+        sys.path.remove(str(REPO / "python"))
+        queries = ridgefill.select.as_selection(ridgefill.select.as_select(args.select)).queries
     take, source = prompt_source(args.model, max(lengths), rf)
     engines = {
         "exact": LLM(args.model, hf_overrides={"architectures": ["LlamaForCausalLM"]}, **common),
         "fill": LLM(args.model, hf_overrides={"architectures": ["RidgeFillLlamaForCausalLM"],
-                                              "ridgefill": {"maps": args.maps, "tail": args.tail}}, **common),
+                                              "ridgefill": {"maps": args.maps, "tail": args.tail,
+                                                            "select": args.select}}, **common),
     }
     params = SamplingParams(max_tokens=1, temperature=0.0)
     rows = []
@@ -136,16 +170,21 @@ def main() -> None:
                 llm.generate([prompt], params, use_tqdm=False)
                 times[k].append(time.perf_counter() - t0)
         exact, fill = statistics.median(times["exact"]), statistics.median(times["fill"])
-        rows.append({"tokens": n, "exact_s": exact, "fill_s": fill, "ratio": exact / fill,
-                     "bound": flop_bound(rf, args.model, n, split, args.tail, context), "exact_all": times["exact"],
-                     "fill_all": times["fill"]})
+        chosen = last_selected(step_log)
+        bound = flop_bound(rf, args.model, n, split, args.tail, context, chosen, queries)
+        rows.append({"tokens": n, "exact_s": exact, "fill_s": fill, "ratio": exact / fill, "bound": bound,
+                     "chosen_rows": len(chosen), "exact_all": times["exact"], "fill_all": times["fill"]})
         print(f"{n:>7} tokens  exact {exact:8.3f} s  fill {fill:8.3f} s  ratio {exact / fill:5.2f}x", flush=True)
     print(f"\nvLLM TTFT, {args.model.rstrip('/').split('/')[-1]}, S={split}, tail={args.tail}, {args.repeats} "
           f"interleaved repeats (median), prompts: {source}, engine: {json.dumps(common, sort_keys=True)}")
-    print("| tokens | exact s | fill s | exact/fill | FLOP bound |\n|---:|---:|---:|---:|---:|")
+    print(f"select={args.select}; bound: ridgefill.costs.ideal_ratio with the chosen rows of the last timed request")
+    print("| tokens | chosen rows | exact s | fill s | exact/fill | FLOP bound | of bound |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         bound = f"{r['bound']:.2f}x" if r["bound"] else "n/a"
-        print(f"| {r['tokens']} | {r['exact_s']:.3f} | {r['fill_s']:.3f} | {r['ratio']:.2f}x | {bound} |")
+        share = f"{r['ratio'] / r['bound']:.2f}" if r["bound"] else "n/a"
+        print(f"| {r['tokens']} | {r['chosen_rows']} | {r['exact_s']:.3f} | {r['fill_s']:.3f} | {r['ratio']:.2f}x | "
+              f"{bound} | {share} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "split": split, "tail": args.tail, "engine": common,
                                                "prompts": source, "argv": sys.argv[1:]}, indent=1))

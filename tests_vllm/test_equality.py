@@ -1,4 +1,5 @@
-"""The plugin served by vLLM against vLLM's own Llama and against the reference ``ridgefill.prefill``.
+"""The plugin served by vLLM against vLLM's own Llama and against the reference ``ridgefill.prefill``, with
+the plain fill (``"select": "off"``; row selection: ``test_selection.py``).
 
 Model: the bundled SmolLM2-135M-Instruct (float32 in both). Prompts: three evaluation-text prompts of
 700, 520 and 300 tokens, sent in one ``generate`` call; with ``max_num_batched_tokens = 1024`` vLLM
@@ -27,7 +28,7 @@ def vllm_own(reference, work_dir):
 
 @pytest.fixture(scope="module")
 def fill(reference, work_dir):
-    ridgefill = {"maps": reference["maps"], "tail": reference["tail"]}
+    ridgefill = {"maps": reference["maps"], "tail": reference["tail"], "select": "off"}
     log = work_dir / "fill-steps.jsonl"
     log.unlink(missing_ok=True)
     out = run_engine(work_dir, "fill", _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill,
@@ -40,7 +41,7 @@ def fill(reference, work_dir):
 def fill_chunked(reference, work_dir):
     """The same engine with vLLM's chunked prefill on, 256 tokens per step: the 700-token prompt is prefilled
     in three chunks (the first of filled tokens only), the others beside its chunks and decoding tokens."""
-    ridgefill = {"maps": reference["maps"], "tail": reference["tail"]}
+    ridgefill = {"maps": reference["maps"], "tail": reference["tail"], "select": "off"}
     log = work_dir / "fill-chunked-steps.jsonl"
     log.unlink(missing_ok=True)
     out = run_engine(work_dir, "fill-chunked", _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill,
@@ -138,7 +139,7 @@ def _prefix_sequence(reference):
 
 @pytest.fixture(scope="module")
 def prefix_runs(reference, work_dir):
-    ridgefill = {"maps": reference["maps"], "tail": reference["tail"]}
+    ridgefill = {"maps": reference["maps"], "tail": reference["tail"], "select": "off"}
     runs = {}
     for caching in (True, False):
         spec = _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill, sequential=True,
@@ -175,11 +176,11 @@ def test_prefix_caching_reuses_blocks_of_the_same_fill_and_equals_caching_off(re
 
 @pytest.fixture(scope="module")
 def preemption_runs(reference, work_dir):
-    """Two prompts of 640 and 384 tokens (5 and 3 blocks of 128), chunked prefill at 256 tokens, prefix caching
-    off; with a KV pool of 8 usable blocks (9, one being vLLM's null block) the first prompt's first decoding
+    """Two prompts of 640 and 384 tokens (5 and 3 blocks of 128), row selection on (the default), chunked prefill
+    at 256 tokens, prefix caching off; with a KV pool of 8 usable blocks (9, one being vLLM's null block) the first prompt's first decoding
     token finds no free block, and vLLM preempts the second request and recomputes it later."""
     a, b = reference["prompts"][0]["ids"], reference["prompts"][1]["ids"]
-    ridgefill = {"maps": reference["maps"], "tail": reference["tail"]}
+    ridgefill = {"maps": reference["maps"], "tail": reference["tail"], "select": "on"}
     runs = {}
     for name, extra in (("preempted", {"num_gpu_blocks_override": 9}), ("roomy", {})):
         log = work_dir / f"preemption-{name}-steps.jsonl"

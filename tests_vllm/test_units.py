@@ -13,6 +13,8 @@ from ridgefill_vllm.llama import DEFAULT_TAIL, check_engine, fill_settings
 from ridgefill_vllm.maps import load_fill_maps
 from ridgefill_vllm.plan import make_plan, subset_metadata
 from ridgefill_vllm.prefix import fill_block_key, maps_identity
+from ridgefill_vllm.selection import (ChosenRows, parse_select, read_keys, selecting_requests, slots_of, span_metadata,
+                                      spans)
 
 
 def test_plan_tail_per_request_and_decode_tokens_exact():
@@ -183,10 +185,12 @@ def test_weight_sample_check(tmp_path):
 
 def test_settings():
     assert fill_settings(SimpleNamespace()) is None
-    assert fill_settings(SimpleNamespace(ridgefill={"maps": "m.safetensors"})) == ("m.safetensors", DEFAULT_TAIL)
-    assert fill_settings(SimpleNamespace(ridgefill={"maps": "m.safetensors", "tail": 8})) == ("m.safetensors", 8)
+    assert fill_settings(SimpleNamespace(ridgefill={"maps": "m.safetensors"})) == ("m.safetensors", DEFAULT_TAIL, "on")
+    assert fill_settings(SimpleNamespace(ridgefill={"maps": "m.safetensors", "tail": 8, "select": "off"})) == (
+        "m.safetensors", 8, "off")
     assert fill_settings(SimpleNamespace(ridgefill={"tail": 8})) is None  # no maps: the exact model
-    for bad in ({"maps": "m", "tail": 0}, {"maps": "m", "tail": 2.0}, {"maps": "m", "tial": 3}, "m.safetensors"):
+    for bad in ({"maps": "m", "tail": 0}, {"maps": "m", "tail": 2.0}, {"maps": "m", "tial": 3}, "m.safetensors",
+                {"maps": "m", "select": True}):
         with pytest.raises(InputError):
             fill_settings(SimpleNamespace(ridgefill=bad))
 
@@ -231,3 +235,102 @@ def test_fill_block_key_says_which_rows_of_a_block_are_filled(tmp_path):
     assert fill_block_key(700, 640, 656, ident, 64) is None
     assert fill_block_key(50, 0, 16, ident, 64) is None  # a prompt within its tail: all exact, the exact hash
     assert fill_block_key(700, 0, 16, ident, 32) != fill_block_key(700, 0, 16, ident, 64)
+    # row selection on: a block with filled rows is the request's own; an all-exact block is shared as before
+    assert fill_block_key(700, 0, 16, ident, 64, "req-1") == ("ridgefill", ident, 64, 16, "req-1")
+    assert fill_block_key(700, 0, 16, ident, 64, "req-1") != fill_block_key(700, 0, 16, ident, 64, "req-2")
+    assert fill_block_key(700, 640, 656, ident, 64, "req-1") is None
+
+
+def test_parse_select_is_the_reference_spec_language():
+    from ridgefill.select import DEFAULT_SELECT, Select
+
+    assert parse_select("off") is None
+    assert parse_select("on") == DEFAULT_SELECT
+    assert parse_select("attention").parts == (Select(),)
+    for bad, words in [("prompt", "query-agnostic"), ("budget=x", "not a number"), (True, "spec string"),
+                       ("sideways", "key=value")]:
+        with pytest.raises(InputError, match=words):
+            parse_select(bad)
+
+
+def test_spans_and_slots():
+    assert spans(torch.tensor([0, 1, 2, 7, 9, 10])) == [(0, 3), (7, 8), (9, 11)]
+    assert spans(torch.tensor([], dtype=torch.int64)) == []
+    table = torch.tensor([5, 2, 9], dtype=torch.int32)  # a request's blocks, block size 4
+    assert slots_of(table, torch.tensor([0, 3, 4, 9]), 4).tolist() == [20, 23, 8, 37]
+
+
+def test_span_metadata_runs_are_pseudo_requests():
+    """Runs of two requests become four pseudo-requests: each its own query range, its request's block
+    table, and a sequence length ending at the run (causal over the request's cache up to there)."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    table = torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int32)
+    qsl = torch.tensor([0, 10, 12], dtype=torch.int32)
+    common = CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=torch.tensor([40, 12], dtype=torch.int32),
+        num_reqs=2, num_actual_tokens=12, max_query_len=10, max_seq_len=40, block_table_tensor=table,
+        slot_mapping=torch.arange(12))
+    runs = [(3, 5), (30, 40), (0, 1), (10, 12)]
+    slots, pos = torch.arange(100, 115), torch.cat([torch.arange(a, b) for a, b in runs])
+    md = span_metadata(common, [0, 0, 1, 1], runs, slots, pos)
+    assert md.query_start_loc_cpu.tolist() == [0, 2, 12, 13, 15]
+    assert md.seq_lens.tolist() == [5, 40, 1, 12]
+    assert md.block_table_tensor.tolist() == [[1, 2, 3], [1, 2, 3], [4, 5, 6], [4, 5, 6]]
+    assert md.num_reqs == 4 and md.num_actual_tokens == 15 and md.max_query_len == 10 and md.max_seq_len == 40
+    assert md.slot_mapping is slots and md.positions is pos
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_read_keys_reads_what_the_cpu_backend_wrote(dtype):
+    """Keys written by vLLM's CPU cache write (``cpu_attn_reshape_and_cache``, the ISA it picks for the dtype)
+    are read back in position order through a request's block table."""
+    from vllm import _custom_ops as ops
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    blocks, heads, bs, hd, n = 6, 3, 16, 64, 40
+    isa = _get_attn_isa(dtype, bs, hd, "auto")
+    cache = torch.zeros(blocks, heads, bs, 2 * hd, dtype=dtype)  # the CPU backend's KV-cache shape
+    view = cache.view(blocks, heads, 2 * bs, hd)
+    kc, vc = view.chunk(2, dim=2)
+    table = torch.tensor([4, 1, 5], dtype=torch.int32)
+    keys = torch.randn(n, heads, hd).to(dtype)
+    slots = slots_of(table, torch.arange(n), bs)
+    ops.cpu_attn_reshape_and_cache(keys, keys, kc, vc, slots, isa, k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
+    attn = SimpleNamespace(kv_cache=cache, isa=isa)
+    assert torch.equal(read_keys(attn, table, n, bs), keys.transpose(0, 1))
+
+
+def test_chosen_rows_are_kept_by_request_and_prompt_length():
+    kept = ChosenRows(capacity=2)
+    kept.put("a", 700, torch.tensor([1, 2]))
+    assert kept.get("a", 700).tolist() == [1, 2] and kept.get("a", 699) is None and kept.get("b", 700) is None
+    kept.put("b", 10, torch.tensor([3]))
+    kept.put("c", 10, torch.tensor([4]))
+    assert kept.get("a", 700) is None and kept.get("c", 10).tolist() == [4]  # the oldest is forgotten
+
+
+def test_selecting_requests_are_those_whose_last_prompt_token_is_scheduled():
+    """Tail 3: request 0 (prompt 10) schedules positions 4-9 (its last prompt token: selects), request 1 a
+    first chunk 0-3 of a 20-token prompt (not yet), request 2 a decoding token, request 3 a 3-token prompt
+    within its tail (no filled rows)."""
+    qsl = torch.tensor([0, 6, 10, 11, 14], dtype=torch.int32)
+    plan = make_plan(qsl, torch.arange(14), 3, num_computed=torch.tensor([4, 0, 12, 0]),
+                     num_prompt=torch.tensor([10, 20, 12, 3]), block_table=torch.zeros(4, 2, dtype=torch.int32),
+                     block_size=16, select=True)
+    plan.req_ids = ["r0", "r1", "r2", "r3"]
+    plan.token_ids = torch.arange(4 * 20).view(4, 20)
+    got = selecting_requests(plan, 3)
+    assert [(s.req, s.prompt, s.computed, s.req_id) for s in got] == [(0, 10, 4, "r0")]
+    assert got[0].token_ids.tolist() == list(range(10))
+
+
+def test_plan_with_selection_keeps_a_tail_chunk():
+    """A chunk of tail tokens only (no filled token) gets a plan when selection is on (its split states are
+    kept for the request's selection), none when off."""
+    qsl = torch.tensor([0, 4], dtype=torch.int32)
+    args = dict(num_computed=torch.tensor([8]), num_prompt=torch.tensor([14]),
+                block_table=torch.zeros(1, 1, dtype=torch.int32), block_size=16)
+    assert make_plan(qsl, torch.arange(4), 8, **args) is None
+    plan = make_plan(qsl, torch.arange(4), 8, **args, select=True)
+    assert plan.filled.numel() == 0 and plan.exact.tolist() == [0, 1, 2, 3]

@@ -10,6 +10,13 @@ prefix: a block is never served to a request that would compute its rows exactly
 maps or another tail. Because hashes chain, every block after one with filled rows also differs from the
 exact model's, whose later layers attend to exact K/V.
 
+With row selection on, the rows a request makes exact depend on its whole prompt (the question at its end
+chooses them), and selection rewrites the chosen rows' K/V in the request's blocks when its last prompt
+token is scheduled. A block with filled rows then also carries the request's id: it is the request's own
+(a preempted request recomputed later finds it), and it is not shared with other requests. Prompts within
+their tail (all rows exact) share blocks as with the exact model. Prefix caching across requests that
+share a long prefix needs ``"select": "off"``.
+
 The hook is installed by :func:`ridgefill_vllm.register` in every vLLM process; it reads the engine's model
 config when the engine core sets up its KV cache (``EngineCore._initialize_kv_caches``), before any request
 is hashed.
@@ -24,8 +31,8 @@ from pathlib import Path
 #: Exact tokens per prompt when the config gives no ``tail``.
 DEFAULT_TAIL = 256
 
-#: ``(maps identity, tail)`` of the engine served with maps in this process, or ``None``.
-_ENGINE_FILL: tuple[str, int] | None = None
+#: ``(maps identity, tail, selection on)`` of the engine served with maps in this process, or ``None``.
+_ENGINE_FILL: tuple[str, int, bool] | None = None
 
 
 def maps_identity(path: str) -> str:
@@ -51,15 +58,21 @@ def set_engine_fill(model_config) -> None:
         return
     cfg = model_config.hf_config.ridgefill
     tail = cfg.get("tail", DEFAULT_TAIL)
-    _ENGINE_FILL = (maps_identity(str(cfg["maps"])), tail) if isinstance(tail, int) else None
+    select = cfg.get("select", "on")
+    selects = not (isinstance(select, str) and select.strip() in ("off", "none", ""))
+    _ENGINE_FILL = (maps_identity(str(cfg["maps"])), tail, selects) if isinstance(tail, int) else None
 
 
-def fill_block_key(num_prompt: int, start: int, end: int, ident: str, tail: int) -> tuple | None:
+def fill_block_key(num_prompt: int, start: int, end: int, ident: str, tail: int,
+                   request_id: str | None = None) -> tuple | None:
     """The extra hash key of the block of positions ``[start, end)`` of a request with a ``num_prompt``-token
-    prompt: ``("ridgefill", ident, tail, n)`` with ``n ≥ 1`` the block's filled rows, or ``None`` when
-    none of its rows is filled."""
+    prompt: ``("ridgefill", ident, tail, n)`` with ``n ≥ 1`` the block's filled rows, followed by
+    ``request_id`` when row selection is on (the rows it makes exact depend on the whole prompt, so such a
+    block is the request's own), or ``None`` when none of its rows is filled."""
     n = min(max(num_prompt - tail - start, 0), end - start)
-    return ("ridgefill", ident, tail, n) if n > 0 else None
+    if n == 0:
+        return None
+    return ("ridgefill", ident, tail, n) + ((request_id,) if request_id is not None else ())
 
 
 def install_prefix_cache_hook() -> bool:
@@ -78,7 +91,9 @@ def install_prefix_cache_hook() -> bool:
     def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx):
         keys, next_mm_idx = original(request, start_token_idx, end_token_idx, start_mm_idx)
         if _ENGINE_FILL is not None:
-            key = fill_block_key(request.num_prompt_tokens, start_token_idx, end_token_idx, *_ENGINE_FILL)
+            ident, tail, selects = _ENGINE_FILL
+            key = fill_block_key(request.num_prompt_tokens, start_token_idx, end_token_idx, ident, tail,
+                                 request.request_id if selects else None)
             if key is not None:
                 keys = (*(keys or ()), key)
         return keys, next_mm_idx

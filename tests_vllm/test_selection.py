@@ -1,0 +1,131 @@
+"""Row selection served by vLLM (``"select": "on"``, the default) against the reference ``ridgefill.prefill``
+with ``select="on"``: the same chosen rows, the same first-token log-probabilities and greedy tokens, with
+and without chunked prefill; filled-region needles through ``LLM.generate`` beside the plain fill and the
+exact model; prefix caching with selection on.
+
+Model: the bundled SmolLM2-135M-Instruct (float32), maps at S = 15 (``scripts/vllm_reference.py``).
+"""
+
+import json
+
+import pytest
+
+from conftest import run_engine
+
+GEN, TOP = 12, 20
+
+
+def _spec(reference, ridgefill, prompts, **extra):
+    return dict({"model_dir": reference["model_dir"], "architecture": "RidgeFillLlamaForCausalLM",
+                 "ridgefill": ridgefill, "prompts": prompts, "gen_tokens": GEN, "top": TOP}, **extra)
+
+
+def _selected(steps) -> list[list[int]]:
+    """The chosen rows the step log recorded, in the order the requests selected."""
+    return [rows for s in steps if "selected" in s for rows in s["selected"].values()]
+
+
+def _run(reference, work_dir, name, engine, prompts=None, ridgefill=None, **extra):
+    ridgefill = ridgefill or {"maps": reference["maps"], "tail": reference["tail"]}  # select: the default, on
+    log = work_dir / f"{name}-steps.jsonl"
+    log.unlink(missing_ok=True)
+    prompts = [p["ids"] for p in reference["prompts"]] if prompts is None else prompts
+    out = run_engine(work_dir, name, _spec(reference, ridgefill, prompts, step_log=str(log), engine=engine, **extra),
+                     fresh=True)
+    out["steps"] = [json.loads(line) for line in log.read_text().splitlines()]
+    return out
+
+
+@pytest.fixture(scope="module")
+def select_whole(reference, work_dir):
+    """Selection on, chunked prefill off: each prompt in one step (the 700-token one alone, then the other
+    two together beside its decoding)."""
+    return _run(reference, work_dir, "select", {})
+
+
+@pytest.fixture(scope="module")
+def select_chunked(reference, work_dir):
+    """Selection on, chunked prefill at 256 tokens per step: the 700-token prompt selects in its third chunk,
+    over rows of the two before; the others are chunked beside it and beside decoding tokens."""
+    return _run(reference, work_dir, "select-chunked", {"enable_chunked_prefill": True, "max_num_batched_tokens": 256})
+
+
+def _assert_equals_reference(out, refs, tol=5e-4):
+    for mine, ref in zip(out["prompts"], refs):
+        want = dict(zip(ref["top_ids"], ref["top_logprobs"]))
+        got = dict(zip(mine["top_ids"], mine["top_logprobs"]))
+        assert mine["top_ids"][0] == ref["top_ids"][0]
+        common = [t for t in ref["top_ids"][:10] if t in got]
+        assert len(common) >= 8
+        for t in common:
+            assert got[t] == pytest.approx(want[t], abs=tol)
+        assert mine["greedy"] == ref["greedy"]
+
+
+def test_selection_chooses_the_reference_rows_and_equals_its_prefill(reference, select_whole):
+    """The rows the plugin's selection makes exact are those ``ridgefill.prefill(select="on")`` chooses, and
+    the first-token log-probabilities are within 5e-4 of it, with 12 greedy tokens equal."""
+    refs = [p["select"] for p in reference["prompts"]]
+    assert sorted(map(tuple, _selected(select_whole["steps"]))) == sorted(tuple(r["selected"]) for r in refs)
+    assert all(len(r["selected"]) > 0 for r in refs)  # selection chose rows on every prompt
+    _assert_equals_reference(select_whole, refs)
+
+
+def test_selection_with_chunked_prefill_equals_one_step_per_prompt(reference, select_whole, select_chunked):
+    """Chunked at 256 tokens, a prompt's selection (in the step of its last prompt token, over rows of earlier
+    chunks) chooses the same rows, and the outputs equal one step per prompt."""
+    chunked_steps = [s for s in select_chunked["steps"] if "query_lens" in s]
+    assert any(c > 0 and q < 700 for s in chunked_steps for c, q in zip(s["num_computed"], s["query_lens"]))
+    assert sorted(map(tuple, _selected(select_chunked["steps"]))) == sorted(map(tuple, _selected(select_whole["steps"])))
+    refs = [p["select"] for p in reference["prompts"]]
+    _assert_equals_reference(select_chunked, refs)
+    for a, b in zip(select_chunked["prompts"], select_whole["prompts"]):
+        for x, y in zip(a["top_logprobs"], b["top_logprobs"]):
+            assert x == pytest.approx(y, abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def needles(reference, work_dir):
+    """The reference's 8 single-needle prompts of 2,048 tokens (needle in the filled rows, question in the
+    tail of 256), answered greedily by vLLM's own Llama, the plain fill and the fill with selection (S = 15,
+    chunked prefill on at 1,024 tokens per step)."""
+    engine = {"max_model_len": 2304, "enable_chunked_prefill": True, "max_num_batched_tokens": 1024}
+    ids = [n["ids"] for n in reference["needles"]]
+    runs = {}
+    for name, arch, ridgefill in (
+            ("exact", "LlamaForCausalLM", None),
+            ("plain fill", "RidgeFillLlamaForCausalLM", {"maps": reference["maps"], "tail": reference["needle_tail"],
+                                                         "select": "off"}),
+            ("fill, selection on", "RidgeFillLlamaForCausalLM", {"maps": reference["maps"],
+                                                                 "tail": reference["needle_tail"]})):
+        spec = dict(_spec(reference, ridgefill, [], engine=engine, needles=ids), architecture=arch)
+        runs[name] = run_engine(work_dir, "needles-" + name.replace(" ", "-").replace(",", ""), spec, fresh=True)
+    return runs
+
+
+def test_needles_through_vllm_with_selection_keep_exact_score(reference, needles):
+    """Filled-region single needles at 2K tokens: the fill with selection answers at least 90 % of what the
+    exact model answers; the plain fill is run beside it (it loses them at this split)."""
+    answers = [n["answer"] for n in reference["needles"]]
+    scores = {name: sum(a in text for a, text in zip(answers, run["needles"])) for name, run in needles.items()}
+    print("needles answered of", len(answers), scores)
+    assert scores["exact"] >= 6
+    assert scores["fill, selection on"] >= 0.9 * scores["exact"]
+    assert scores["plain fill"] < scores["fill, selection on"]
+
+
+@pytest.fixture(scope="module")
+def prefix_select(reference, work_dir):
+    seq = [p["ids"] for p in reference["prefix_sequence"]]
+    return _run(reference, work_dir, "prefix-select", {"enable_prefix_caching": True, "enable_chunked_prefill": True,
+                                                        "max_num_batched_tokens": 256}, prompts=seq, sequential=True)
+
+
+def test_prefix_caching_with_selection_shares_no_filled_block_and_equals_the_reference(reference, prefix_select):
+    """With selection on, a block holding filled rows is its request's own (the rows selection makes exact
+    depend on the whole prompt): requests sharing a prefix hit no block of it, and each output equals the
+    reference prefill with selection (prefix caching off)."""
+    assert [p["num_cached_tokens"] for p in prefix_select["prompts"]] == [0, 0, 0, 0]
+    refs = [p["select"] for p in reference["prefix_sequence"]]
+    assert [tuple(r) for r in _selected(prefix_select["steps"])] == [tuple(r["selected"]) for r in refs]
+    _assert_equals_reference(prefix_select, refs)
