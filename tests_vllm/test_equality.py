@@ -190,7 +190,7 @@ def preemption_runs(reference, work_dir):
                              "enable_prefix_caching": False, **extra})
         spec["prompts"] = [a[:640], b[:384]]
         runs[name] = run_engine(work_dir, f"preemption-{name}", spec, fresh=True)
-        runs[name]["steps"] = [json.loads(line) for line in log.read_text().splitlines()]
+        runs[name]["steps"] = [s for s in map(json.loads, log.read_text().splitlines()) if "query_lens" in s]
     return runs
 
 

@@ -17,13 +17,19 @@ tokens (:mod:`ridgefill_vllm.plan`):
    to the paged cache that holds the filled tokens' predicted K/V (of this and earlier chunks) and the
    exact tokens' own K/V.
 
+4. Row selection (``select``, ``on`` by default; :mod:`ridgefill_vllm.selection`): in the step that
+   schedules a request's last prompt token, the reference's selection chooses more exact rows (the lexical
+   part from the token ids; the attention parts from pass 1's attention over the paged cache), and the tail
+   and the chosen rows run the late layers again from their kept split states (pass 2).
+
 The step's output hidden states are those of the exact tokens; filled rows are zero (the sampler
 reads the last token of each request, which is exact once the prompt is complete; what it samples after
 a partial prefill, vLLM discards). Decoding steps and steps without filled tokens
 run vLLM's plain forward. Without maps the model is vLLM's Llama.
 
 Settings (the ``ridgefill`` entry of the model config, e.g. through ``hf_overrides``): ``maps``, the
-path of a maps file from ``ridgefill calibrate``; ``tail``, exact tokens per prompt (default 256).
+path of a maps file from ``ridgefill calibrate``; ``tail``, exact tokens per prompt (default 256);
+``select``, row selection as a spec string (``"on"``, the default; ``"off"``: the plain fill).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from torch import nn
 from vllm.compilation.decorators import ignore_torch_compile
 from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context
+from vllm.logger import init_logger
 from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
 from .backend import fill_backend
@@ -49,6 +56,8 @@ from .plan import install_runner_hook
 from .prefix import DEFAULT_TAIL
 from .selection import (DEFAULT_SELECT, ChosenRows, ScoringModel, SplitStates, induction_scores, parse_select,
                         read_keys, selecting_requests, slots_of, span_metadata, spans)
+
+logger = init_logger(__name__)
 
 #: Environment variable naming a file to which each step with filled tokens appends one JSON line
 #: (``{"query_lens": [...], "filled": F, "exact": E, "num_filled": [...], "num_computed": [...], "carried": C}``):
@@ -132,6 +141,8 @@ class RidgeFillLlamaModel(LlamaModel):
         maps.check_shape(self.config.num_hidden_layers, self.config.hidden_size)
         self.fill_maps = maps
         self.split = maps.split
+        logger.info("RidgeFill: maps %s (split S=%d, %s maps), tail %d, row selection %s", settings[0], maps.split,
+                    "context" if maps.context else "plain", self.tail, self.selection or "off")
         dtype, device = vllm_config.model_config.dtype, vllm_config.device_config.device
         # plain attributes, not parameters: the checkpoint loader must not look for them
         self._w = maps.weights.to(device=device, dtype=dtype)
