@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -485,9 +485,11 @@ def test_fuzz_readers_give_a_typed_error_or_the_original_values(tmp_path_factory
             else:
                 want = load_checkpoint(files["expect"]["checkpoint"], _ckpt_settings(files), _ckpt_shapes(files))
                 got = load_checkpoint(target, _ckpt_settings(files), _ckpt_shapes(files))
-        except (MapsFormatError, InputError):
+        except (MapsFormatError, InputError) as e:
+            event(f"{which}: {type(e).__name__}")
             return  # a typed error
     unverified = any(issubclass(w.category, UnverifiedFileWarning) for w in caught)
+    event(f"{which}: {'loaded with UnverifiedFileWarning' if unverified else 'verified load'}")
     if unverified:  # the hashes were removed by the edit: loaded with a warning, said out loud
         return
     if which == "maps":
