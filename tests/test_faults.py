@@ -735,7 +735,7 @@ def test_fuzz_stats_file(tmp_path, maps):
     print(f"\nstatistics-file fuzz: {out['tried']} inputs tried, {out['clean error']} MapsFormatError, "
           f"{out['loaded']} correct loads, {len(out['failures'])} failures")
     assert out["tried"] == 400 and out["failures"] == []
-    assert out["clean error"] > 200 and out["loaded"] > 5
+    assert out["clean error"] > 200 and out["loaded"] > 0  # content hashes refuse every header field edit
 
 
 # ------------------------------------------------------------------------------------------------

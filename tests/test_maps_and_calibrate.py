@@ -110,14 +110,17 @@ def test_truncated_and_corrupted_files(tmp_path, maps):
 def test_failed_run_never_overwrites_existing_maps(tmp_path, model, maps, monkeypatch):
     path = maps.save(tmp_path / "m.safetensors")
     before = path.read_bytes()
-    import ridgefill.maps as maps_module
+    import errno
 
-    def broken_save(tensors, filename, metadata=None):
-        Path(filename).write_bytes(b"partial")
-        raise OSError("disk full")
+    import ridgefill.fileio as fileio
+    from ridgefill.errors import WriteError
 
-    monkeypatch.setattr(maps_module, "save_file", broken_save)
-    with pytest.raises(OSError, match="disk full"):
+    def full_disk(fh, data):  # a full disk, simulated: the write stops part way with ENOSPC
+        fh.write(data[:100])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio, "_write_bytes", full_disk)
+    with pytest.raises(WriteError, match="no space left on device.*needs [0-9,]+ bytes in its folder"):
         maps.save(path)
     assert path.read_bytes() == before
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temp file left
@@ -133,7 +136,8 @@ def test_calibration_bad_input(model):
         calibration_chunks(tok, [], 100, 64)
     with pytest.raises(InputError, match="fewer than chunk"):
         calibration_chunks(tok, ["short"], 100, 64)
-    with pytest.raises(InputError, match="lower --calib-tokens"):
+    with pytest.raises(InputError, match=r"ask for fewer tokens \(`ridgefill calibrate --tokens`, `ridgefill eval "
+                                         r"--calib-tokens`\) or add text"):
         calibration_chunks(tok, [TEXT], 10 ** 6, 64)
     with pytest.raises(InputError, match="split"):
         calibrate(model, tok, [TEXT], split=5, tokens=256, chunk=64, progress=False, context=0)

@@ -27,7 +27,7 @@ _API = {
     "load_model": "data.models", "load_tokenizer": "data.models", "model_folder": "data.models",
     "AssetError": "errors", "InputError": "errors", "MapsFormatError": "errors", "MapsMismatchError": "errors",
     "NonFiniteError": "errors", "OverlapError": "errors", "RidgeFillError": "errors", "SingularGramError": "errors",
-    "UnsupportedModelError": "errors",
+    "UnsupportedModelError": "errors", "UnverifiedFileWarning": "errors", "WriteError": "errors",
 }
 
 __all__ = sorted(_API)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -22,7 +23,7 @@ from tqdm.auto import tqdm
 
 from . import defaults
 from .adapters import adapter_for
-from .errors import InputError
+from .errors import InputError, WriteError
 from .checkpoint import chunks_digest, load_checkpoint, save_checkpoint
 from .data.overlap import fingerprint, sample_for
 from .data.texts import calibration_texts, text_hash
@@ -91,7 +92,8 @@ def calibration_plan(tokenizer, texts: Sequence[str] | Mapping[str, str], tokens
     want = available // chunk if tokens is None else -(-tokens // chunk)
     if tokens is not None and (tokens <= 0 or want * chunk > available):
         raise InputError(f"asked for {tokens} calibration tokens ({want} chunks of {chunk}), but the text "
-                         f"has {available} tokens in whole chunks; lower --calib-tokens or add text")
+                         f"has {available} tokens in whole chunks; ask for fewer tokens (`ridgefill calibrate --tokens`, "
+                         f"`ridgefill eval --calib-tokens`) or add text")
     # round-robin over texts; within a text pick evenly spaced chunks
     counts = [0] * len(per_text)
     left, i = want, 0
@@ -153,7 +155,9 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
             every ``checkpoint_every`` chunks and after the last; when it exists and was written with
             the same settings (model, dtype, splits, held-out period, chunks, targets, context), the pass resumes
             after its last saved chunk, and the result equals an uninterrupted pass bit for bit. It is
-            left in place: delete it once the maps are saved. ``None``: no checkpoint.
+            left in place: delete it once the maps are saved. ``None``: no checkpoint. A checkpoint that
+            cannot be written (a full disk: :class:`~ridgefill.errors.WriteError`) is reported on stderr
+            and the pass goes on, so the finished statistics still reach the maps.
 
     Returns:
         ``{S: (fit, heldout)}`` for every ``S`` in ``splits``; identical to calling
@@ -216,7 +220,11 @@ def collect_stats_many(model: torch.nn.Module, chunks: Sequence[Tensor], splits:
             (held_s if held else fit_s).update(context_features(hs[split - first], context), xs[split - first:])
         bar.update()
         if checkpoint is not None and ((i + 1) % checkpoint_every == 0 or i + 1 == len(chunks)):
-            save_checkpoint(checkpoint, settings, i + 1, stats)
+            try:
+                save_checkpoint(checkpoint, settings, i + 1, stats)
+            except WriteError as e:  # the statistics in memory are whole: the pass goes on, the maps get written
+                print(f"warning: the calibration checkpoint was not written, the pass goes on without it: {e}",
+                      file=sys.stderr, flush=True)
     bar.close()
     return stats
 
@@ -336,7 +344,8 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
         meta = {"model_name": model_name, **provenance, "calibration_tokens": fit.count + held.count,
                 "heldout_tokens": held.count, "chunk": chunk, "text_sha256": text_hash(text_list),
                 "lambda_spec": str(lam), "heldout_rel_error": result.heldout_rel_error,
-                "heldout_rel_error_identity": result.heldout_rel_error_identity, "kind": targets, "context": context,
+                "heldout_rel_error_identity": result.heldout_rel_error_identity, "solve_method": result.solve_methods,
+                "kind": targets, "context": context,
                 **({"context_penalty": context_penalty} if context else {}), "calibration_texts": sources, "calibration_fingerprint": fp}
         inputs = targets == "inputs"
         mean_h, mean_x = result.stats.means() if inputs else (None, None)

@@ -530,8 +530,20 @@ def lean_certificate_source(instances: Sequence[ExactInstance], *, wrong: Sequen
     return "\n".join(out)
 
 
+#: The most matrix entries (``x``, ``y``, prior and weight together) one exported instance may hold: the
+#: kernel checks it by ``decide``, whose time grows with the entries and their digits.
+MAX_INSTANCE_ENTRIES = 1024
+#: The largest Lean file :func:`export_lean_certificate` writes, in bytes (UTF-8).
+MAX_LEAN_BYTES = 1_000_000
+
+
+def _entries(inst: ExactInstance) -> int:
+    return sum(len(row) for m in (inst.x, inst.y, inst.prior, inst.weight) for row in m)
+
+
 def export_lean_certificate(instances: Sequence[ExactInstance], path: str | Path, *,
-                            wrong: Sequence[ExactInstance] = (), header: str = "") -> Path:
+                            wrong: Sequence[ExactInstance] = (), header: str = "",
+                            max_bytes: int = MAX_LEAN_BYTES) -> Path:
     """Write a Lean file in which the kernel checks each instance with the ``KvaLean.Certificate``
     checker by ``decide +kernel`` (``check = true`` and optimality for ``instances``, ``check = false``
     for ``wrong``). Every instance must pass (and every wrong one fail) :func:`check_exact` first.
@@ -540,13 +552,24 @@ def export_lean_certificate(instances: Sequence[ExactInstance], path: str | Path
         ``path``, written atomically.
 
     Raises:
-        CertificateError: an instance fails, or a wrong one passes, the Python mirror of the checker.
+        CertificateError: an instance holds more than :data:`MAX_INSTANCE_ENTRIES` entries (checked first),
+            an instance fails, or a wrong one passes, the Python mirror of the checker, or the Lean text
+            would exceed ``max_bytes`` (default :data:`MAX_LEAN_BYTES`); nothing is written then.
     """
+    for inst in [*instances, *wrong]:
+        if _entries(inst) > MAX_INSTANCE_ENTRIES:
+            raise CertificateError(f"instance {inst.name} holds {_entries(inst)} matrix entries, more than the "
+                                   f"{MAX_INSTANCE_ENTRIES} a kernel check takes: export a smaller slice "
+                                   "(stats_slice with fewer dims or outputs)")
     for inst in instances:
         if not check_exact(inst):
             raise CertificateError(f"instance {inst.name} fails the checker: refusing to export it as valid")
     for inst in wrong:
         if check_exact(inst):
             raise CertificateError(f"instance {inst.name} passes the checker: it is not a wrong certificate")
-    text = lean_certificate_source(instances, wrong=wrong, header=header)
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    data = lean_certificate_source(instances, wrong=wrong, header=header).encode("utf-8")
+    if len(data) > max_bytes:
+        raise CertificateError(f"the Lean certificate would be {len(data):,} bytes, more than the limit of "
+                               f"{max_bytes:,}: export fewer or smaller instances (their rationals' digits count "
+                               "too), or raise max_bytes")
+    return atomic_write(path, data)

@@ -31,6 +31,22 @@ class MapsFormatError(RidgeFillError, ValueError):
     """A maps file is truncated, corrupted, or holds tensors of the wrong shape or dtype."""
 
 
+class WriteError(RidgeFillError, OSError):
+    """A file could not be written (a full disk, no permission). The message names the file, the
+    bytes it needed and the bytes free in its folder; nothing at that path was replaced.
+
+    Attributes:
+        path: the file; needed: bytes the write needed (``None`` when unknown); free: bytes free there.
+    """
+
+    def __init__(self, message: str, path: str = "", needed: int | None = None, free: int | None = None):
+        super().__init__(message)
+        self.path, self.needed, self.free = path, needed, free
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class NonFiniteError(RidgeFillError, FloatingPointError):
     """NaN or Inf appeared in activations or statistics."""
 
@@ -43,3 +59,8 @@ class SingularGramError(RidgeFillError, ValueError):
 class OverlapError(RidgeFillError, ValueError):
     """Evaluation text overlaps the text the maps were calibrated on (a shared run of tokens): the
     measurement would score memorised calibration text. Evaluate on other text or refit the maps."""
+
+
+class UnverifiedFileWarning(UserWarning):
+    """A maps or statistics file carries no content hashes (written before RidgeFill stored them), so its
+    tensors are used unverified. Rewriting it (``ridgefill calibrate``, or load and save it) adds them."""

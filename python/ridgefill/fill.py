@@ -152,12 +152,16 @@ def _check_finite(x: Tensor, where: str) -> None:
 def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = None, *,
             tail: int = defaults.TAIL, exact_rows: Iterable[int] = (),
             select: str | Select | Selection | None = defaults.SELECT, mode: Mode = "ridge",
-            split: int | None = None) -> PrefillResult:
+            split: int | None = None, attention_mask: Tensor | None = None) -> PrefillResult:
     """Prefill ``input_ids`` with RidgeFill (or a baseline) and return the cache and last-row logits.
 
     Args:
         model: a causal LM with an adapter (:func:`ridgefill.adapters.supported_model_types`), in eval mode.
-        input_ids: ``[batch, N]`` int64 token ids, no padding (the batch shares its exact rows).
+        input_ids: ``[batch, N]`` int64 token ids: one prompt, or a batch of prompts of one length without
+            padding (the batch shares one row plan; docs/method.md, "Batches"). A batch whose rows differ in
+            starting or ending with the model's pad token is refused as padded.
+        attention_mask: ``None``, or the tokenizer's ``[batch, N]`` mask, accepted only when it is all ones:
+            a padded batch is refused, not masked.
         maps: fitted maps (:func:`ridgefill.load_maps`), needed by modes ``"ridge"`` and ``"centred"``;
             checked against ``model`` and ``split``.
         tail: rows at the end of the prompt that run the full model (``1 ≤ tail ≤ N``; default 256).
@@ -174,14 +178,15 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         ``exact_rows`` (up to float rounding).
 
     Raises:
-        InputError: a bad type, shape or value of an argument (checked before any layer runs); a selection
-            with attention parts in mode ``"none"``; on models with recurrent-state layers, exact rows outside
+        InputError: a bad type, shape or value of an argument (checked before any layer runs); a padded
+            batch (a mask with zeros, or rows that start or end with the pad token where others do not); a
+            selection with attention parts in mode ``"none"``; on models with recurrent-state layers, exact rows outside
             the tail, row selection or K/V maps (pass ``select="off"``).
         MapsMismatchError: ``maps`` belong to another model or split.
         NonFiniteError: NaN/Inf activations.
     """
     return prefill_instrumented(model, input_ids, maps, tail=tail, exact_rows=exact_rows, select=select, mode=mode,
-                                split=split)
+                                split=split, attention_mask=attention_mask)
 
 
 @binds_prompt
@@ -190,7 +195,8 @@ def prefill_instrumented(model: torch.nn.Module, input_ids: Tensor, maps: RidgeM
                          tail: int = defaults.TAIL, exact_rows: Iterable[int] = (),
                          select: str | Select | Selection | None = defaults.SELECT, mode: Mode = "ridge",
                          split: int | None = None, logits: Literal["last", "exact"] = "last",
-                         kv_hook: KVHook | None = None, fast: bool = True) -> PrefillResult:
+                         kv_hook: KVHook | None = None, fast: bool = True,
+                         attention_mask: Tensor | None = None) -> PrefillResult:
     """:func:`prefill` with the evaluation's instruments (the splice tests, NLL over the exact rows, the
     reference path). The arguments :func:`prefill` takes mean the same here.
 
@@ -224,6 +230,7 @@ def prefill_instrumented(model: torch.nn.Module, input_ids: Tensor, maps: RidgeM
         got = "no rows" if input_ids.numel() == 0 else f"ids in {int(input_ids.min())}..{int(input_ids.max())}"
         raise InputError(f"input_ids must be token ids in 0..{vocab - 1} (this model's vocabulary) with at least "
                          f"one batch row; got {got}: tokenize with this model's tokenizer")
+    _check_unpadded(model, input_ids, attention_mask)
     n = input_ids.shape[1]
     tail = check_int(tail, "tail", lo=1, hi=n, hint="the last row must be exact and the tail cannot be longer than "
               "the prompt (use mode='exact' to run every row exactly)")
@@ -305,6 +312,42 @@ def prefill_instrumented(model: torch.nn.Module, input_ids: Tensor, maps: RidgeM
     late_k, late_v = late.cache_rows(plan.exact)
     cache = adapter.build_cache(keys + late_k, values + late_v)
     return PrefillResult(cache, result, plan.exact, split, mode, plan.chosen if planner is not None else None)
+
+
+def _pad_id(model: torch.nn.Module) -> int | None:
+    """The model's pad token id (config, else generation config), or ``None``."""
+    for cfg in (model.config, getattr(model, "generation_config", None)):
+        pad = getattr(cfg, "pad_token_id", None)
+        if isinstance(pad, int) and not isinstance(pad, bool):
+            return pad
+    return None
+
+
+def _check_unpadded(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None) -> None:
+    """Refuse a padded batch: ``attention_mask`` with a zero, or rows that start (left padding) or end (right
+    padding) with the pad token where other rows do not. The fill has no mask: its exact rows, its filled
+    rows and a hybrid model's recurrent states would all take the pads in (docs/method.md, "Batches")."""
+    fix = ("prefill takes no attention mask: give one prompt, or a batch of prompts of one length without "
+           "padding; prefill prompts of other lengths one at a time")
+    if attention_mask is not None:
+        if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
+            got = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+            raise InputError(f"attention_mask must be a tensor of the shape of input_ids {tuple(input_ids.shape)}; "
+                             f"got {got}")
+        pads = (attention_mask == 0).sum(1)
+        if bool(pads.any()):
+            rows = pads.nonzero().flatten().tolist()
+            raise InputError(f"the batch is padded: attention_mask masks {int(pads.sum())} position(s) in row(s) "
+                             f"{rows[:8]}; {fix}")
+    pad = _pad_id(model)
+    if pad is None or input_ids.shape[0] < 2:
+        return
+    for side, col in (("start", 0), ("end", -1)):
+        hit = input_ids[:, col] == pad
+        if bool(hit.any()) and not bool(hit.all()):
+            rows = hit.nonzero().flatten().tolist()
+            raise InputError(f"the batch looks padded: row(s) {rows[:8]} {side} with the pad token {pad} and other "
+                             f"rows do not ({'left' if col == 0 else 'right'} padding); {fix}")
 
 
 def _fill_maps(mode: str, maps: RidgeMaps | None, like: Tensor) -> tuple[Tensor, Tensor] | None:

@@ -25,11 +25,12 @@ from typing import Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
 from .errors import InputError, MapsFormatError, MapsMismatchError
 from .fileio import atomic_write, atomic_write_all, file_lock
+from .integrity import KEY as HASH_KEY, content_hashes, verify
 from .ridge import CONTEXT_PENALTY_RANGE, RidgeStats, check_context_penalty
 from .validate import check_context, finite_float, is_int
 
@@ -298,6 +299,7 @@ class RidgeMaps:
         if "context_penalty" in self.meta:  # what load_maps would refuse is not written
             check_context_penalty(self.meta["context_penalty"], self.context)
         meta = dict(self.meta, format_version=FORMAT_VERSION, split=self.split, lambdas=self.lambdas)
+        meta.pop(HASH_KEY, None)
         tensors = {"weights": self.weights.detach().to(torch.float32).contiguous().cpu(),
                    "biases": self.biases.detach().to(torch.float32).contiguous().cpu()}
         if self.mean_h is not None and self.mean_x is not None:
@@ -310,6 +312,7 @@ class RidgeMaps:
             raise InputError(f"cannot write maps to {str(path)!r}: it is a folder; give a file name such as "
                              f"{str(path / 'maps.safetensors')!r}")
         try:  # fail before anything is written when the metadata cannot be stored
+            meta[HASH_KEY] = content_hashes(tensors, maps_fields(meta))
             text = json.dumps(meta, sort_keys=True)
         except (TypeError, ValueError) as e:
             raise InputError(f"maps metadata cannot be written as JSON ({e}); use plain numbers and strings") from e
@@ -318,9 +321,8 @@ class RidgeMaps:
             stats_tensors, stats_text = _stats_payload(self.stats, {
                 "maps_sha256": maps_digest(tensors["weights"], tensors["biases"]), "split": self.split,
                 "model_hash": self.meta.get("model_hash"), "text_sha256": self.meta.get("text_sha256")})
-            writes.append((stats_path(path), lambda tmp: save_file(stats_tensors, tmp,
-                                                                   metadata={"ridgefill_stats": stats_text})))
-        writes.append((path, lambda tmp: save_file(tensors, tmp, metadata={"ridgefill": text})))
+            writes.append((stats_path(path), safetensors_bytes(stats_tensors, metadata={"ridgefill_stats": stats_text})))
+        writes.append((path, safetensors_bytes(tensors, metadata={"ridgefill": text})))
         with file_lock(pair_lock_path(path)):  # two runs saving here cannot leave a mixed maps/stats pair
             if self.stats is None:  # statistics of earlier maps at this path would not belong to these
                 stats_path(path).unlink(missing_ok=True)
@@ -388,7 +390,7 @@ def save_stats(path: str | os.PathLike, stats: RidgeStats, meta: dict) -> Path:
     """Write :class:`RidgeStats` (float64 tensors, see its docstring for shapes) and ``meta`` (JSON
     metadata, e.g. ``maps_sha256``) to ``path`` atomically."""
     tensors, text = _stats_payload(stats, meta)
-    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"ridgefill_stats": text}))
+    return atomic_write(path, safetensors_bytes(tensors, metadata={"ridgefill_stats": text}))
 
 
 def _stats_payload(stats: RidgeStats, meta: dict) -> tuple[dict[str, Tensor], str]:
@@ -399,10 +401,28 @@ def _stats_payload(stats: RidgeStats, meta: dict) -> tuple[dict[str, Tensor], st
     tensors = {k: getattr(stats, k).detach().to(torch.float64).contiguous().cpu() for k in _STATS_TENSORS}
     meta = dict(meta, format_version=FORMAT_VERSION, count=stats.count, layers=stats.layers,
                 hidden=stats.hidden, outputs=stats.outputs, targets=stats.targets, context=stats.context)
+    meta.pop(HASH_KEY, None)
     try:
+        meta[HASH_KEY] = content_hashes(tensors, stats_fields(meta))
         return tensors, json.dumps(meta, sort_keys=True)
     except (TypeError, ValueError) as e:
         raise InputError(f"statistics metadata cannot be written as JSON ({e}); use plain numbers and strings") from e
+
+
+#: The maps file's header fields that change what the maps compute, covered by its content hash.
+MAPS_FIELDS = ("format_version", "split", "lambdas", "kind", "context", "context_penalty")
+#: The statistics file's header fields covered by its content hash.
+STATS_FIELDS = ("format_version", "count", "layers", "hidden", "outputs", "targets", "context", "split", "maps_sha256")
+
+
+def maps_fields(meta: dict) -> dict:
+    """The :data:`MAPS_FIELDS` of a maps file's metadata (``None`` where absent), as hashed."""
+    return {k: meta.get(k) for k in MAPS_FIELDS}
+
+
+def stats_fields(meta: dict) -> dict:
+    """The :data:`STATS_FIELDS` of a statistics file's metadata (``None`` where absent), as hashed."""
+    return {k: meta.get(k) for k in STATS_FIELDS}
 
 
 def _read(path: Path, key: str, what: str, redo: str) -> tuple[dict | None, dict[str, Tensor]]:
@@ -460,6 +480,7 @@ _MAPS_SCHEMA: dict[str, Callable[[object], bool]] = {
     "heldout_rel_error": _opt_reals,
     # K/V maps have no identity fill to compare with: None per layer
     "heldout_rel_error_identity": lambda v: v is None or (isinstance(v, list) and all(x is None or _finite_real(x) for x in v)),
+    "solve_method": lambda v: v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
     "context": lambda v: is_int(v) and v in (0, 1),
     "context_penalty": lambda v: _finite_real(v) and CONTEXT_PENALTY_RANGE[0] <= v <= CONTEXT_PENALTY_RANGE[1],
 }
@@ -499,6 +520,8 @@ def load_stats(path: str | os.PathLike) -> tuple[RidgeStats, dict]:
     for k, t in tensors.items():
         if t.dtype != torch.float64:
             raise MapsFormatError(f"statistics file {str(path)!r}: tensor {k} is {t.dtype}, not float64; {redo}")
+    verify(meta.pop(HASH_KEY, None), tensors, stats_fields(meta), what=f"statistics file {str(path)!r}", redo=redo)
+    for k, t in tensors.items():
         if not bool(torch.isfinite(t).all()):
             raise MapsFormatError(f"statistics file {str(path)!r}: tensor {k} holds NaN or Inf; {redo}")
     n, d = meta.get("layers"), meta.get("hidden")
@@ -546,6 +569,9 @@ def load_maps(path: str | os.PathLike) -> RidgeMaps:
             float32, non-finite values, or shapes that disagree with the metadata.
     """
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"maps file {str(path)!r} is a folder, not a file: give the maps file's path, e.g. "
+                         f"{str(path / 'maps.safetensors')!r}")
     if not path.is_file():
         raise InputError(f"maps file {str(path)!r} does not exist; create it with `ridgefill calibrate`")
     redo = "refit it with `ridgefill calibrate`"
@@ -567,6 +593,8 @@ def load_maps(path: str | os.PathLike) -> RidgeMaps:
         raise MapsFormatError(f"maps file {str(path)!r} holds weights {w.dtype} and biases {b.dtype}"
                               + "".join(f", {k} {t.dtype}" for k, t in tensors.items() if k not in ("weights", "biases"))
                               + f"; the format stores float32; {redo}")
+    stored = meta.pop(HASH_KEY, None)
+    fields = maps_fields(meta)
     lambdas = meta.pop("lambdas")
     split = meta.pop("split")
     kind = meta.get("kind", "inputs")
@@ -589,6 +617,7 @@ def load_maps(path: str | os.PathLike) -> RidgeMaps:
     if cov_h is not None and cov_h.shape != (d, d):
         raise MapsFormatError(f"maps file {str(path)!r} has a calibration covariance of shape {tuple(cov_h.shape)}, "
                               f"expected {(d, d)}; {redo}")
+    verify(stored, tensors, fields, what=f"maps file {str(path)!r}", redo=redo)
     if not all(torch.isfinite(t).all() for t in tensors.values()):
         raise MapsFormatError(f"maps file {str(path)!r} holds NaN or Inf values; {redo}")
     return RidgeMaps(split, w, b, [float(v) for v in lambdas], meta, mean_h=mean_h, mean_x=mean_x, cov_h=cov_h)

@@ -61,8 +61,29 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(n)
 
 
-def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = None) -> Tensor:
-    """Solve the ridge normal equations ``(G + λI) W = B + λ W₀`` by Cholesky.
+#: How :func:`solve_ridge` solved, in the order it tries: ``"cholesky"`` of ``A = G + λI``; for ``λ > 0``
+#: when that is numerically singular, ``"equilibrated cholesky"`` of ``D A D`` with ``D = diag(A)^(-1/2)`` (a
+#: dimension on another scale no longer hides the others' pivots); then ``"eigen"``, ``G = V diag(s) Vᵀ`` and
+#: ``W = V diag(1 / (s⁺ + λ)) Vᵀ (B + λW₀)`` with ``s⁺`` the eigenvalues of the positive semi-definite ``G``
+#: with their rounding below zero removed.
+SOLVE_METHODS = ("cholesky", "equilibrated cholesky", "eigen")
+
+
+def _cholesky(a: Tensor) -> tuple[Tensor, bool, float]:
+    """``(factor, ok, pivot ratio)``: ok when ``a`` is positive definite to working precision (every
+    Cholesky pivot above ``d·eps`` of the largest: condition number below ``1/(d·eps)``)."""
+    factor, info = torch.linalg.cholesky_ex(a)
+    if info.item() != 0:
+        return factor, False, 0.0
+    pivots = factor.diagonal().square()
+    ratio = float(pivots.min() / pivots.max())
+    return factor, bool(pivots.min() > a.shape[0] * torch.finfo(a.dtype).eps * pivots.max()), ratio
+
+
+def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = None, *,
+                return_method: bool = False) -> Tensor | tuple[Tensor, str]:
+    """Solve the ridge normal equations ``(G + λI) W = B + λ W₀`` by Cholesky; for ``λ > 0`` a badly
+    scaled system falls back to an equilibrated Cholesky, then an eigen solve (:data:`SOLVE_METHODS`).
 
     Args:
         gram: ``G`` ``[d, d]``, symmetric positive semi-definite (the centred Gram of ``h_S``).
@@ -70,8 +91,10 @@ def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = 
         lam: ``λ ≥ 0``; ``λ = 0`` is ordinary least squares and needs a non-singular ``G``.
         prior: ``W₀`` ``[d, k]``; default the identity (``k = d``), i.e. the identity fill.
 
+        return_method: also return which of :data:`SOLVE_METHODS` solved it.
+
     Returns:
-        ``W`` ``[d, k]`` float64, the unique minimiser of ``‖H W − X‖² + λ‖W − W₀‖²`` (Lean, in
+        ``W`` ``[d, k]`` float64 (``(W, method)`` with ``return_method``), the unique minimiser of ``‖H W − X‖² + λ‖W − W₀‖²`` (Lean, in
         ``KvaLean/Ridge.lean``: ``KvaLean.ridge_optimal``, ``ridge_unique``; multi-output
         ``ridge_multi_optimal``, ``ridge_multi_unique``). On CPU the bits depend on the thread count
         (a multi-threaded BLAS); :func:`fit_maps` and the certificates call it under :func:`one_thread`.
@@ -80,8 +103,7 @@ def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = 
         InputError: not tensors, shapes disagree, or ``λ`` is not a finite number ``≥ 0``.
         NonFiniteError: ``gram``, ``cross`` or ``prior`` holds NaN or Inf (the statistics are broken,
             not singular: check the activations and the dtype).
-        SingularGramError: ``G + λI`` is not positive definite (``λ = 0`` with a singular Gram):
-            use ``λ > 0``.
+        SingularGramError: ``λ = 0`` and ``G`` is singular to working precision: use ``λ > 0``.
     """
     for name, t in (("gram", gram), ("cross", cross), ("prior", prior)):
         if not (isinstance(t, Tensor) or (t is None and name == "prior")):
@@ -102,16 +124,24 @@ def solve_ridge(gram: Tensor, cross: Tensor, lam: float, prior: Tensor | None = 
     for name, t in (("the Gram matrix G", gram), ("the cross term B", cross), ("the prior W₀", prior)):
         check_finite(t, f"{name} given to solve_ridge", NonFiniteError)
     eye = torch.eye(d, dtype=F64, device=gram.device)
-    factor, info = torch.linalg.cholesky_ex(gram + lam * eye)
-    pivots = factor.diagonal().square()
-    # singular to working precision: a pivot below d·eps of the largest (condition number > 1/(d·eps))
-    if info.item() != 0 or not pivots.min() > d * torch.finfo(F64).eps * pivots.max():
+    a, rhs = gram + lam * eye, cross + lam * prior
+    factor, ok, ratio = _cholesky(a)
+    if ok:
+        w, method = torch.cholesky_solve(rhs, factor), SOLVE_METHODS[0]
+    elif lam == 0:
         raise SingularGramError(
             f"G + λI is not positive definite at λ = {lam} (numerically singular: Cholesky pivot ratio "
-            f"{float(pivots.min() / pivots.max()) if info.item() == 0 else 0.0:.2e}); "
-            "the Gram matrix is singular or has too little calibration data for this hidden size: "
-            "use λ > 0 (or λ = 'auto'), or calibrate on more tokens")
-    return torch.cholesky_solve(cross + lam * prior, factor)
+            f"{ratio:.2e}); the Gram matrix is singular or has too little calibration data for this hidden "
+            "size: use λ > 0 (or λ = 'auto'), or calibrate on more tokens")
+    else:  # λ > 0: A is positive definite; the scale of its dimensions is what defeats the plain Cholesky
+        scale = a.diagonal().clamp_min(lam).rsqrt()  # diag(A) ≥ λ for a positive semi-definite G
+        factor, ok, _ = _cholesky(a * scale[:, None] * scale[None, :])
+        if ok:
+            w, method = scale[:, None] * torch.cholesky_solve(scale[:, None] * rhs, factor), SOLVE_METHODS[1]
+        else:
+            s, v = torch.linalg.eigh(gram)
+            w, method = v @ ((v.T @ rhs) / (s.clamp_min(0) + lam)[:, None]), SOLVE_METHODS[2]
+    return (w, method) if return_method else w
 
 
 @dataclass
@@ -356,6 +386,8 @@ class FittedMaps:
     heldout_rel_error_identity: list[float] | None
     stats: RidgeStats | None = None
     context_penalty: float = 1.0
+    #: how each layer was solved (:data:`SOLVE_METHODS`)
+    solve_methods: list[str] | None = None
 
 
 def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
@@ -440,12 +472,13 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
     prior = default_prior(final)
     if prior is None:
         prior = torch.zeros(final.features, final.outputs, dtype=F64)
-    weights, biases = [], []
+    weights, biases, methods = [], [], []
     with one_thread():  # the bits the certificate recomputes, whatever the caller's thread count
         for layer in tqdm(range(n), desc="solve the maps", unit="layer", disable=not progress):
             gram, cross, _ = final.centred(layer)
-            w = solve_ridge(gram, cross, lams[layer], prior)
+            w, method = solve_ridge(gram, cross, lams[layer], prior, return_method=True)
             weights.append(w)
+            methods.append(method)
             biases.append(mx[layer] - mh @ w)
     rel = rel_id = None
     if heldout is not None and heldout.count:
@@ -455,7 +488,7 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
     weights = torch.stack(weights)
     if penalty != 1:  # back to the raw features: b = x̄ − h̄' W' = x̄ − h̄ W already
         weights = context_block_scaled(weights, stats.hidden, scale)
-    return FittedMaps(weights, torch.stack(biases), lams, rel, rel_id, final_raw, penalty)
+    return FittedMaps(weights, torch.stack(biases), lams, rel, rel_id, final_raw, penalty, methods)
 
 
 def _heldout_report(stats: RidgeStats, heldout: RidgeStats, lams: list[float]):

@@ -204,9 +204,16 @@ def _cmd_calibrate(a) -> None:
           f"λ per layer {[f'{v:.3g}' for v in maps.lambdas]}")
     print(f"calibrated on: {calibration_label(maps.meta)}")
     if maps.meta.get("heldout_rel_error"):
-        print("held-out relative error  ridge:    " + " ".join(f"{v:.3f}" for v in maps.meta["heldout_rel_error"]))
+        print("held-out relative error  ridge:    " + " ".join(map(fixed3, maps.meta["heldout_rel_error"])))
         if maps.kind == "inputs":
-            print("                         identity: " + " ".join(f"{v:.3f}" for v in maps.meta["heldout_rel_error_identity"]))
+            print("                         identity: " + " ".join(map(fixed3, maps.meta["heldout_rel_error_identity"])))
+
+
+def fixed3(v: float) -> str:
+    """``v`` to 3 decimals, with no sign on a value that rounds to zero (a held-out error of ``-1e-5``, a
+    float64 rounding of ``0``, prints ``0.000``, not ``-0.000``)."""
+    out = f"{v:.3f}"
+    return out[1:] if out == "-0.000" else out
 
 
 def _cmd_generate(a) -> None:

@@ -331,6 +331,14 @@ def check_config(cfg: RunConfig) -> None:
                          f"{', '.join(CALIBRATION_SETS)}")
     if cfg.tail >= cfg.doc_tokens:
         raise InputError(f"--tail {cfg.tail} must be shorter than --doc-tokens {cfg.doc_tokens}")
+    if cfg.maps:  # a named maps file is used, never fitted or replaced: it must be there
+        named = Path(cfg.maps)
+        if named.is_dir():
+            raise InputError(f"--maps {cfg.maps!r} is a folder: give the maps file's path, or leave --maps out to fit "
+                             f"maps in --out")
+        if not named.is_file():
+            raise InputError(f"--maps {cfg.maps!r} does not exist: fit it with `ridgefill calibrate --out "
+                             f"{cfg.maps}`, or leave --maps out to fit maps in --out")
 
 
 def run(cfg: RunConfig, progress: bool = True) -> dict:

@@ -8,6 +8,8 @@ every file is written atomically.
 
 from __future__ import annotations
 
+import io
+
 import json
 import lzma
 import re
@@ -62,7 +64,9 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _savefig(fig, path: Path) -> None:
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
+    buf = io.BytesIO()  # the image's bytes first: the write then knows the room it needs
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    atomic_write(path, buf.getvalue())
 
 
 def _plt():
@@ -380,5 +384,5 @@ def write_report(inputs: Sequence[str | Path], out: str | Path) -> Path:
             parts.append(_depth_section(rep, out, stem))
     text = "\n".join(parts) + "\n"
     path = out / "report.md"
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic_write(path, text.encode("utf-8"))
     return path
