@@ -155,6 +155,27 @@ def test_maps_reader_reads_and_checks_shapes(tmp_path):
         maps.check_shape(num_layers=4, hidden=8)
 
 
+def test_maps_reader_verifies_content_hashes(tmp_path):
+    """A maps file with the content hashes ``ridgefill`` writes loads; a flipped byte of a weight, or an
+    edited split, is refused as corrupted (the reader uses ``ridgefill.integrity``, installed beside vLLM)."""
+    from ridgefill.integrity import KEY, content_hashes
+    from ridgefill.maps import maps_fields
+
+    d, layers = 4, 2
+    t = {"weights": torch.eye(d).expand(layers, d, d).contiguous(), "biases": torch.zeros(layers, d)}
+    m = {"format_version": 1, "split": 1, "lambdas": [1.0] * layers}
+    good = _maps_file(tmp_path / "good.safetensors", meta={KEY: content_hashes(t, maps_fields(m))})
+    assert load_fill_maps(good).split == 1
+    data = bytearray(good.read_bytes())
+    data[-5] ^= 0x40  # a byte of the last tensor's data
+    (tmp_path / "flipped.safetensors").write_bytes(bytes(data))
+    with pytest.raises(MapsFormatError, match="corrupted: tensor"):
+        load_fill_maps(tmp_path / "flipped.safetensors")
+    edited = _maps_file(tmp_path / "edited.safetensors", split=2, meta={KEY: content_hashes(t, maps_fields(m))})
+    with pytest.raises(MapsFormatError, match="header fields"):
+        load_fill_maps(edited)
+
+
 def test_maps_reader_refuses_bad_files(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         load_fill_maps(tmp_path / "missing.safetensors")

@@ -93,6 +93,25 @@ class FillMaps:
                                     f"by up to {rel:.3g} relative; {fix}")
 
 
+def _verify_hashes(path: Path, meta, tensors: dict[str, Tensor], redo: str) -> None:
+    """Verify the content hashes ``ridgefill`` stores in a maps file (every tensor and the header fields
+    that change results), with ``ridgefill``'s own check when it is installed beside vLLM (as
+    ``scripts/install_vllm.sh`` installs it); a file without hashes is used with ``ridgefill``'s warning."""
+    try:
+        from ridgefill.errors import MapsFormatError as RidgeFillFormatError
+        from ridgefill.integrity import KEY, verify
+        from ridgefill.maps import maps_fields
+    except ImportError:
+        return
+    if not isinstance(meta, dict):
+        return
+    fields = {k: v for k, v in meta.items() if k != KEY}
+    try:
+        verify(meta.get(KEY), tensors, maps_fields(fields), what=f"maps file {str(path)!r}", redo=redo)
+    except RidgeFillFormatError as e:
+        raise MapsFormatError(str(e)) from None
+
+
 def load_fill_maps(path: str | os.PathLike) -> FillMaps:
     """Read and check a maps file.
 
@@ -101,7 +120,8 @@ def load_fill_maps(path: str | os.PathLike) -> FillMaps:
 
     Raises:
         InputError: the file does not exist.
-        MapsFormatError: not a RidgeFill maps file of format version 1, truncated or corrupted, bad
+        MapsFormatError: not a RidgeFill maps file of format version 1, truncated or corrupted (a tensor or
+            a header field that differs from its content hash, with ``ridgefill`` installed beside vLLM), bad
             metadata, tensors that are not float32 or not finite, inconsistent shapes, or K/V maps
             (kind ``"kv"``), which the plugin does not serve yet.
     """
@@ -119,6 +139,7 @@ def load_fill_maps(path: str | os.PathLike) -> FillMaps:
         meta = json.loads(raw) if raw is not None else None
     except ValueError as e:
         raise MapsFormatError(f"the metadata of maps file {str(path)!r} is not valid JSON ({e}); {redo}") from e
+    _verify_hashes(path, meta, tensors, redo)
     if not isinstance(meta, dict) or not {"weights", "biases"} <= set(tensors) \
             or not set(tensors) <= {"weights", "biases", "mean_h", "mean_x", "cov_h"}:
         raise MapsFormatError(f"{str(path)!r} is not a RidgeFill maps file (tensors {sorted(tensors)}); {redo}")
