@@ -175,14 +175,14 @@ def test_lines_without_the_runs_tag_count_for_nothing(tmp_path, capsys):
 PLANTS = ROOT / "crossval" / "lean_plants" / "Plant.lean"
 # plant -> what the audit must say about it (a regular expression on the AUDIT-FAIL lines)
 CAUGHT = {
-    "theorem added by meta code without the kernel": r"KvaPlant\.cheat: the kernel rejects it on replay",
-    "private theorem added without the kernel": r"_private\.\S*KvaPlant\.hidden: the kernel rejects it on replay",
+    "theorem the kernel never saw": r"KvaPlant\.cheat: the kernel rejects it on replay",
+    "private theorem the kernel never saw": r"_private\.\S*KvaPlant\.hidden: the kernel rejects it on replay",
     "private theorem pinned": r"statement of _private\.\S*KvaPlant\.privateThm is not pinned",
     "theorem named like a generated one pinned": r"statement of KvaPlant\.aux\.proof_7 is not pinned",
     "axiom": r"KvaPlant\.ax: an axiom declared in the sources",
     "sorry": r"KvaPlant\.withSorry: depends on the axiom sorryAx",
     "unsafe": r"KvaPlant\.unsafeDef: unsafe declaration",
-    "partial": r"KvaPlant\.partialDef: partial declaration",
+    "partial": r"KvaPlant\.partialDef\S*: (partial|unsafe) declaration",
     "changed definition body": r"the value of KvaLean\.normSq changed",
     "weakened statement": r"the statement of KvaLean\.sum_zero_dim changed",
 }
@@ -206,7 +206,7 @@ def test_planted_escapes_fail_the_lean_check(tmp_path):
     fails = [line for line in shown.splitlines() if "AUDIT-FAIL" in line]
     missed = [name for name, pat in CAUGHT.items() if not any(re.search(pat, f) for f in fails)]
     assert not missed, (missed, shown[-6000:])
-    assert re.search(r"failed:.*\bsorry\b.*\baudit\b", shown), shown[-3000:]
+    assert re.search(r"check-lean: FAIL: failed:.*\baudit\b", shown), shown[-3000:]
     # the fake audit lines printed by the plants did not count: the replay of KvaPlant.cheat failed
     # although a line claims it passed, and the real declarations all replayed
     assert re.search(r"kernel replay into a fresh environment \(Init only\): \d+ accepted, [1-9]\d* rejected", shown)

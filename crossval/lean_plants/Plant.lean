@@ -8,26 +8,17 @@ public section
 
 namespace KvaPlant
 
--- meta code adds a theorem of `False` with `debug.skipKernelTC`: the kernel never sees it; a
--- theorem then uses it. (`by_elab`, the other way to run such code inside a declaration, does not
--- elaborate in this build: its monad is not visible to a module; the source scan refuses it.)
-open Lean Elab Command in
-#eval show CommandElabM Unit from do
-  let d : Declaration := .thmDecl { name := `KvaPlant.cheat, levelParams := [], type := mkConst ``False, value := mkConst ``True.intro }
-  match (← getEnv).toKernelEnv.addDecl (({} : Options).setBool `debug.skipKernelTC true) d with
-  | .ok k => setEnv (Environment.ofKernelEnv k)
-  | .error _ => IO.println "plant: not added"
+-- with `debug.skipKernelTC`, `decide +kernel` leaves the decision to a kernel that is skipped: a
+-- false theorem, and another one under a private name. (Meta code that adds a declaration without
+-- the kernel, `by_elab` or `#eval`, does not elaborate in this build, where the elaborator's
+-- monads are not visible to a module; the source scan refuses it.)
+set_option debug.skipKernelTC true in
+theorem cheat : 2 + 2 = 5 := by decide +kernel
 
-theorem useCheat : False := cheat
+theorem useCheat : False := by have := cheat; omega
 
--- the same under a private name
-open Lean Elab Command in
-#eval show CommandElabM Unit from do
-  let n := mkPrivateName (← getEnv) `KvaPlant.hidden
-  let d : Declaration := .thmDecl { name := n, levelParams := [], type := mkConst ``False, value := mkConst ``True.intro }
-  match (← getEnv).toKernelEnv.addDecl (({} : Options).setBool `debug.skipKernelTC true) d with
-  | .ok k => setEnv (Environment.ofKernelEnv k)
-  | .error _ => IO.println "plant: not added"
+set_option debug.skipKernelTC true in
+private theorem hidden : 3 + 3 = 7 := by decide +kernel
 
 -- pinned although private, and although named like a generated declaration
 private theorem privateThm : 1 = 1 := rfl
