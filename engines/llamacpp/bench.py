@@ -2,7 +2,7 @@
 bound (ridgefill.costs.ideal_ratio) and PyTorch's exact prefill (ridgefill.prefill, float32 copy of the GGUF).
 
     python engines/llamacpp/bench.py --maps MAPS.safetensors [--lengths 2048 4096 8192] [--repeats 3]
-                                     [--tail 256] [--threads 2] [--torch-repeats 1]
+                                     [--tail 256] [--threads 2] [--torch-repeats 1] [--build DIR]
 
 Builds (or reuses) the engines with build.sh, exports the maps to GGUF beside a temporary folder, then for
 each length runs, ``--repeats`` times in turn, one process per measurement: llama.cpp exact (RIDGEFILL_MAPS
@@ -47,6 +47,7 @@ def main() -> int:
     ap.add_argument("--torch-repeats", type=int, default=1)
     ap.add_argument("--tail", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--build", default=None, help="folder build.sh printed (default: run build.sh)")
     a = ap.parse_args()
 
     import torch
@@ -58,9 +59,12 @@ def main() -> int:
     from ridgefill.export_gguf import export_gguf
 
     torch.set_num_threads(a.threads)
-    out = subprocess.run(["bash", str(HERE / "build.sh")], check=True, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHON=sys.executable))
-    build = Path(out.stdout.strip().splitlines()[-1])
+    if a.build:
+        build = Path(a.build)
+    else:
+        out = subprocess.run(["bash", str(HERE / "build.sh")], check=True, capture_output=True, text=True,
+                             env=dict(os.environ, PYTHON=sys.executable))
+        build = Path(out.stdout.strip().splitlines()[-1])
     model, tok, _ = load_model("smollm2")
     maps = load_maps(a.maps)
     ids = tok(load_texts()["Persuasion"], add_special_tokens=False)["input_ids"]
