@@ -34,7 +34,7 @@ GEN = 12         # greedy tokens compared
 OFFSETS = (20000, 60000)  # where the held-out prompts start in Persuasion (tokens)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def build() -> Path:
     given = os.environ.get("RIDGEFILL_LLAMACPP", "").strip()
     if given:
@@ -44,7 +44,7 @@ def build() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def smollm2():
     from ridgefill.data.models import load_model
 
@@ -52,7 +52,7 @@ def smollm2():
     return model.eval(), tok
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def prompts(smollm2):
     from ridgefill.data.texts import load_texts
 
@@ -60,7 +60,7 @@ def prompts(smollm2):
     return [ids[o:o + N] for o in OFFSETS]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def maps(smollm2, tmp_path_factory):
     """Context maps at S = 15 fitted on 4,096 calibration tokens (chunks of 512), and their GGUF export."""
     from ridgefill.calibration import calibrate
