@@ -125,7 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_model(p)
     p.set_defaults(func=_cmd_convert)
 
+    from ..export_gguf import add_command as add_export_gguf
     from . import eval as eval_cli
+
+    add_export_gguf(sub)
 
     eval_cli.add_subcommand(sub)
     return parser

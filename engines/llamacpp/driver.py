@@ -1,0 +1,116 @@
+"""Run token prompts through one llama.cpp build (stock or RidgeFill) with llama-cpp-python's ctypes binding.
+
+    python driver.py REQUEST.json OUT.npz
+
+REQUEST.json: ``{"build": DIR, "model": GGUF, "prompts": [[ids...], ...], "n_ubatch": 512, "n_batch": 2048,
+"gen": 12, "threads": 2, "repeats": 1}``. ``DIR`` is a folder that ``build.sh`` wrote (``lib/`` with the
+shared libraries, ``python/llama_cpp`` with the binding). The fill is on when ``RIDGEFILL_MAPS`` is set in
+the environment (and ``RIDGEFILL_TAIL`` when given); this driver sets ``RIDGEFILL_N_PROMPT`` to each prompt's
+length before processing it.
+
+OUT.npz: ``logits`` ``[prompts, vocab]`` float32, the last prompt token's logits; ``tokens`` ``[prompts, gen]``
+the greedy continuation; ``seconds`` ``[prompts, repeats]`` the prompt-processing times (one ``llama_decode``
+per batch of ``n_batch`` tokens, the KV cache cleared before each repeat).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+
+
+def _binding(build: Path):
+    """llama-cpp-python's low-level module, loaded without its high-level package (no extra dependencies)."""
+    os.environ["LLAMA_CPP_LIB_PATH"] = str(build / "lib")
+    pkg = types.ModuleType("llama_cpp")
+    pkg.__path__ = [str(build / "python" / "llama_cpp")]
+    sys.modules["llama_cpp"] = pkg
+    return importlib.import_module("llama_cpp.llama_cpp")
+
+
+def main(request: str, out: str) -> int:
+    req = json.loads(Path(request).read_text())
+    build = Path(req["build"])
+    C = _binding(build)
+    C.llama_backend_init()
+    mp = C.llama_model_default_params()
+    mp.use_extra_bufts = False  # no AMX or repacked weight buffers: the weights as stored in the GGUF
+    model = C.llama_model_load_from_file(str(req["model"]).encode(), mp)
+    if not model:
+        print(f"error: llama.cpp cannot load the model {req['model']!r}", file=sys.stderr)
+        return 2
+    prompts = [list(map(int, p)) for p in req["prompts"]]
+    gen = int(req.get("gen", 0))
+    n_batch = int(req.get("n_batch", 2048))
+    cp = C.llama_context_default_params()
+    cp.n_ctx = max(len(p) for p in prompts) + gen + 16
+    cp.n_batch = n_batch
+    cp.n_ubatch = int(req.get("n_ubatch", 512))
+    cp.n_threads = cp.n_threads_batch = int(req.get("threads", 2))
+    cp.no_perf = True
+    ctx = C.llama_init_from_model(model, cp)
+    vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(model))
+    batch = C.llama_batch_init(n_batch, 0, 1)
+    mem = C.llama_get_memory(ctx)
+
+    def decode(tokens: list[int], start: int, last_logits: bool) -> None:
+        for off in range(0, len(tokens), n_batch):
+            part = tokens[off:off + n_batch]
+            batch.n_tokens = len(part)
+            for i, t in enumerate(part):
+                batch.token[i] = t
+                batch.pos[i] = start + off + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = last_logits and off + i == len(tokens) - 1
+            rc = C.llama_decode(ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+
+    def last() -> np.ndarray:
+        ptr = C.llama_get_logits_ith(ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(vocab,)).astype(np.float32).copy()
+
+    repeats = int(req.get("repeats", 1))
+    logits, tokens, seconds = [], [], []
+    for p in prompts:
+        os.environ["RIDGEFILL_N_PROMPT"] = str(len(p))
+        times = []
+        for _ in range(repeats):
+            C.llama_memory_clear(mem, True)
+            t0 = time.perf_counter()
+            decode(p, 0, True)
+            C.llama_synchronize(ctx)
+            times.append(time.perf_counter() - t0)
+        seconds.append(times)
+        lg = last()
+        logits.append(lg)
+        new = []
+        for g in range(gen):
+            tok = int(np.argmax(lg))
+            new.append(tok)
+            if g + 1 < gen:
+                decode([tok], len(p) + g, True)
+                lg = last()
+        tokens.append(new)
+    np.savez(out, logits=np.stack(logits), tokens=np.array(tokens, dtype=np.int64).reshape(len(prompts), gen),
+             seconds=np.array(seconds, dtype=np.float64))
+    C.llama_batch_free(batch)
+    C.llama_free(ctx)
+    C.llama_model_free(model)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1], sys.argv[2]))
