@@ -98,3 +98,101 @@ def test_heldout_errors_refuses_a_foreign_decomposition():
                                heldout_errors(fit, held, 2, lams), rtol=0, atol=0)
     with pytest.raises(InputError, match="other statistics"):
         heldout_errors(other, held, 0, lams, decomposition=dec)
+
+
+# ---- the multi-split pass -------------------------------------------------------------------------------
+
+def _texts():
+    g = torch.Generator().manual_seed(7)
+    words = ["river", "stone", "quiet", "lamp", "north", "garden", "letter", "winter", "sister", "road"]
+    return {f"t{i}": " ".join(words[j] for j in torch.randint(0, 10, (900,), generator=g).tolist())
+            for i in range(2)}
+
+
+def test_multi_split_statistics_equal_separate_calibrate_passes():
+    from evaluate_helpers import ByteTokenizer, byte_llama
+    from ridgefill.calibration import calibrate, calibrate_many
+
+    model, tok, texts = byte_llama(seed=3), ByteTokenizer(), _texts()
+    seen = []
+    many = calibrate_many(model, tok, texts, splits=[3, 1], tokens=2048, chunk=256, context=1, progress=False,
+                          on_maps=lambda s, m: seen.append((s, m.weights.clone())))
+    assert [s for s, _ in seen] == [1, 3]  # handed over as fitted, shallowest first
+    for split in (1, 3):
+        one = calibrate(model, tok, texts, split=split, tokens=2048, chunk=256, context=1, progress=False)
+        a, b = many[split], one
+        assert a.lambdas == b.lambdas
+        assert torch.equal(a.weights, b.weights) and torch.equal(a.biases, b.biases)
+        for k in ("sum_h", "gram", "sum_x", "cross", "sq_x"):
+            assert torch.equal(getattr(a.stats, k), getattr(b.stats, k)), k
+        assert a.stats.count == b.stats.count == 2048
+        assert torch.equal(dict(seen)[split], a.weights)
+
+
+# ---- candidates, memory, choice -------------------------------------------------------------------------
+
+def test_default_splits_every_other_layer_from_a_quarter_to_three_quarters():
+    from ridgefill.evaluate.tune import default_splits
+
+    assert default_splits(30) == [8, 10, 12, 14, 16, 18, 20, 22]  # SmolLM2
+    assert default_splits(18) == [5, 7, 9, 11, 13]  # Gemma 3 270M: 4.5 -> 5, 13.5 -> 14 capped by the step
+    assert default_splits(6) == [2, 4]
+    assert default_splits(2) == [0]
+    with pytest.raises(InputError, match="at least 2 layers"):
+        default_splits(1)
+
+
+def test_pass_memory_counts_every_candidate_and_refuses_clearly():
+    from ridgefill.evaluate.tune import check_memory, pass_memory, stats_bytes
+
+    # SmolLM2: d = 576, context features 1152, S = 8 has 21 late layers
+    f, k = 1152, 576
+    assert stats_bytes(30, 576, 8, 1) == 2 * 8 * (f + f * f + 21 * (2 * k + f * k + 1) + f)
+    splits = [8, 10, 12, 14, 16, 18, 20, 22]
+    need = pass_memory(30, 576, splits, 1)
+    assert need == sum(stats_bytes(30, 576, s, 1) for s in splits) + 2 * stats_bytes(30, 576, 8, 1)
+    assert 1.5 * 2**30 < need < 2 * 2**30
+    assert check_memory(30, 576, splits, 1, need) == need
+    with pytest.raises(InputError) as e:
+        check_memory(30, 576, splits, 1, 2**30)
+    msg = str(e.value)
+    assert "8 candidate splits" in msg and "GiB" in msg and "more than the 1.00 GiB available" in msg
+    fewer = [int(v) for v in msg.split("--splits ")[1].split(",")[:4] if v.strip().isdigit()]
+    assert fewer and pass_memory(30, 576, fewer, 1) <= 2**30
+    with pytest.raises(InputError, match="even one split does not fit"):
+        check_memory(30, 576, splits, 1, 10 * 2**20)
+
+
+def _row(split, key, single, multikey=100.0, exact=(100.0, 100.0)):
+    return {"split": split, "key_dnll": key, "needles": {"single": single, "multikey": multikey},
+            "exact_needles": {"single": exact[0], "multikey": exact[1]}}
+
+
+def test_choice_is_the_shallowest_split_meeting_the_budget():
+    from ridgefill.evaluate.tune import Budget, choose_split
+
+    rows = [_row(8, 0.9, 50.0), _row(10, 0.45, 100.0, 90.0), _row(12, 0.3, 100.0), _row(14, 0.2, 100.0)]
+    b = Budget()
+    assert choose_split(rows, b) == 12  # S=10: multikey 90 < 95 % of 100
+    assert choose_split(rows, Budget(needle_fraction=0.9)) == 10
+    assert choose_split(rows, Budget(needle_fraction=0.9, max_key_dnll=0.4)) == 12
+    assert choose_split(rows, Budget(needle_fraction=0.0, max_key_dnll=1.0)) == 8
+    assert choose_split(rows, Budget(max_key_dnll=0.1)) is None
+    # exact's score sets the bar: 75 % of an exact 80 % is 60 %
+    assert choose_split([_row(6, 0.1, 60.0, 60.0, exact=(80.0, 80.0))], Budget(needle_fraction=0.75)) == 6
+    assert choose_split([_row(6, None, 100.0)], b) is None  # no key tokens: not met
+    assert choose_split(list(reversed(rows)), b) == 12  # order does not matter
+    for bad in (dict(needle_fraction=1.5), dict(needle_fraction=-0.1), dict(max_key_dnll=-1.0),
+                dict(max_key_dnll=float("nan"))):
+        with pytest.raises(InputError):
+            Budget(**bad)
+
+
+def test_check_splits_refuses_out_of_range_and_repeats():
+    from ridgefill.evaluate.tune import check_splits
+
+    assert check_splits([10, 4, 8], 30) == [4, 8, 10]
+    with pytest.raises(InputError, match="this model has 30 layers"):
+        check_splits([29], 30)
+    with pytest.raises(InputError, match="repeat"):
+        check_splits([8, 8], 30)

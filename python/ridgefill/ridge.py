@@ -453,16 +453,18 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
             check_real(v, "every λ in the list", lo=0.0)
     elif lam != "auto":
         check_real(lam, "λ", lo=0.0, hint=f"or a list of {n} numbers, or 'auto'")
-    dec = None  # one decomposition of the fit Gram, for the choice of λ and the held-out report
+    dec, best = None, None  # one decomposition of the fit Gram, for the choice of λ and the held-out report
     if lam == "auto":
         if heldout is None or heldout.count == 0:
             raise InputError("λ = 'auto' needs held-out statistics (calibrate on more than one chunk)")
         dec = _decompose(stats, heldout, progress)
         grid = lambda_grid(dec.gram)  # the centred Gram: the same for every late layer
-        lams = []
+        lams, best = [], []  # the chosen λ's held-out error, reused by the report
         for layer in tqdm(range(n), desc="choose λ (held-out error)", unit="layer", disable=not progress):
             errs = dec.errors(layer, grid)
-            lams.append(float(grid[int(torch.argmin(errs))]))
+            i = int(torch.argmin(errs))
+            lams.append(float(grid[i]))
+            best.append(errs[i])
         final_raw = raw.merged(heldout_raw)
     elif isinstance(lam, (list, tuple)):
         lams, final_raw = [float(v) for v in lam], raw
@@ -487,7 +489,7 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
         if dec is None:
             dec = _decompose(stats, heldout, progress)
         # predictions, hence errors, do not depend on the scale
-        rel, rel_id = _heldout_report(stats, heldout, lams, dec, progress)
+        rel, rel_id = _heldout_report(stats, heldout, lams, dec, progress, best)
     weights = torch.stack(weights)
     if penalty != 1:  # back to the raw features: b = x̄ − h̄' W' = x̄ − h̄ W already
         weights = context_block_scaled(weights, stats.hidden, scale)
@@ -507,13 +509,14 @@ def _decompose(stats: RidgeStats, heldout: RidgeStats, progress: bool) -> Heldou
 
 
 def _heldout_report(stats: RidgeStats, heldout: RidgeStats, lams: list[float],
-                    dec: HeldoutDecomposition | None = None, progress: bool = False):
-    """Held-out relative errors of the chosen ridge and of the identity fill (``W = I``, ``b = 0``)."""
+                    dec: HeldoutDecomposition | None = None, progress: bool = False, errors: list | None = None):
+    """Held-out relative errors of the chosen ridge and of the identity fill (``W = I``, ``b = 0``);
+    ``errors``: the chosen ridge's squared errors per layer when already computed (the choice of ``λ``)."""
     rel, rel_id = [], []
     mh_out, mx_out = heldout.means()
     dec = HeldoutDecomposition(stats, heldout) if dec is None else dec
     for layer, lam in enumerate(tqdm(lams, desc="held-out report", unit="layer", disable=not progress)):
-        err = dec.errors(layer, torch.tensor([lam], dtype=F64))[0]
+        err = errors[layer] if errors is not None else dec.errors(layer, torch.tensor([lam], dtype=F64))[0]
         _, _, total = heldout.moments(layer, mh_out, mx_out[layer])
         if stats.targets != "inputs":  # K/V targets: no identity fill to compare with
             rel.append(float(err / total))

@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import eval as eval_cli
 
     eval_cli.add_subcommand(sub)
+    from . import tune as tune_cli
+
+    tune_cli.add_subcommand(sub)
     return parser
 
 
