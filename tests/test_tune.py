@@ -196,3 +196,75 @@ def test_check_splits_refuses_out_of_range_and_repeats():
         check_splits([29], 30)
     with pytest.raises(InputError, match="repeat"):
         check_splits([8, 8], 30)
+
+
+# ---- end to end -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    from evaluate_helpers import save_byte_model
+    from ridgefill.data.texts import EVALUATION_BOOKS, load_texts
+    from ridgefill.evaluate.tune import Budget, TuneConfig, tune
+
+    root = tmp_path_factory.mktemp("tune")
+    save_byte_model(root / "model", seed=5)
+    books = load_texts()
+    (root / "eval.txt").write_text(books[EVALUATION_BOOKS[0]][:20000])
+    other = next(k for k in books if k not in EVALUATION_BOOKS)
+    (root / "calib.txt").write_text(books[other][:12000])
+    cfg = TuneConfig(model=str(root / "model"), splits=(3, 1), texts=(str(root / "eval.txt"),),
+                     calib_texts=(str(root / "calib.txt"),), calib_tokens=4096, chunk=512, docs=2, doc_tokens=768,
+                     tail=32, window=16, tau=0.05, needle_trials=1, multikey=False, needle_tail=192, repeats=1, resamples=200,
+                     budget=Budget(needle_fraction=0.0, max_key_dnll=100.0), out=str(root / "out"))
+    return tune(cfg, progress=False), root
+
+
+def test_tune_writes_the_chosen_maps_and_the_report(tuned):
+    from ridgefill.maps import load_maps
+
+    report, root = tuned
+    out = root / "out"
+    assert report["splits"] == [1, 3] and report["chosen_split"] == 1  # the loosest budget: the shallowest
+    chosen = load_maps(out / "maps.safetensors")
+    candidate = load_maps(out / "maps-S1.safetensors")
+    assert chosen.split == 1 and torch.equal(chosen.weights, candidate.weights)
+    assert load_maps(out / "maps-S3.safetensors").split == 3
+    assert not (out / "tune.checkpoint.safetensors").exists()
+    for name in ("tune.json", "tune.md", "tune.png"):
+        assert (out / name).stat().st_size > 0
+    assert (out / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for row in report["rows"]:
+        assert row["key_dnll"] is not None and row["all_dnll"] is not None
+        lo, hi = row["all_dnll_ci"]
+        assert lo <= row["all_dnll"] <= hi
+        assert row["flop_bound"] > 1.0 and row["measured_ratio"] > 0
+        assert set(row["needles"]) == set(row["exact_needles"]) == {"single"}
+    assert report["rows"][0]["flop_bound"] > report["rows"][1]["flop_bound"]  # shallower: more work skipped
+    assert "**chosen**" in (out / "tune.md").read_text()
+
+
+def test_tune_refuses_a_needle_tail_too_short_before_the_pass(tmp_path, monkeypatch, capsys):
+    from evaluate_helpers import save_byte_model
+    from ridgefill.cli import main
+    from ridgefill.data import models
+
+    save_byte_model(tmp_path / "model", seed=5)
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    assert main(["tune", "--model", str(tmp_path / "model"), "--doc-tokens", "640", "--tail", "48",
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "shorter than the question segment" in capsys.readouterr().err
+
+
+def test_tune_refuses_too_many_candidates_before_the_pass(tmp_path, monkeypatch, capsys):
+    from evaluate_helpers import save_byte_model
+    from ridgefill import calibration
+    from ridgefill.cli import main
+
+    save_byte_model(tmp_path / "model", seed=5)
+    monkeypatch.setattr(calibration, "collect_stats_many", lambda *a, **k: pytest.fail("the pass ran"))
+    code = main(["tune", "--model", str(tmp_path / "model"), "--splits", "0,1,2,3,4", "--max-memory", "0.0001",
+                 "--out", str(tmp_path / "out")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "the statistics of 5 candidate splits [0, 1, 2, 3, 4] need" in err and "--splits" in err
+    assert not (tmp_path / "out").exists()

@@ -213,6 +213,7 @@ def check_config(cfg: TuneConfig) -> None:
                         "--repeats": cfg.repeats, "--resamples": cfg.resamples}.items():
         check_int(value, flag, lo=1)
     check_int(cfg.needle_trials, "--needle-trials", lo=0)
+    check_real(cfg.tau, "the key-token threshold τ", lo=0.0, hint="in nats, e.g. 1.0")
     if cfg.tail >= cfg.doc_tokens:
         raise InputError(f"--tail {cfg.tail} must be shorter than --doc-tokens {cfg.doc_tokens}")
     if cfg.needle_tail >= cfg.doc_tokens:
@@ -309,6 +310,13 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
                              "give a longer text or lower --doc-tokens")
     docs, labels = evaluation_plan(tok, eval_texts, docs, cfg.doc_tokens)
     calibration_chunks(tok, calib, cfg.calib_tokens, cfg.chunk)  # too little text fails before the model loads
+    if cfg.needle_trials:  # a needle tail too short for the question, or too little prose, fails here too
+        from .needles import case_depth, case_rng, make_case
+
+        for variant in ["single", "multikey"] if cfg.multikey else ["single"]:
+            make_case(tok, haystack_sentences(eval_texts), length=cfg.doc_tokens, tail=cfg.needle_tail,
+                      variant=variant, rng=case_rng(cfg.seed, variant, cfg.doc_tokens, 0),
+                      depth=case_depth(variant, 0, cfg.needle_trials))
 
     model, tok, model_name = load_model(cfg.model)
     L, d = model.config.num_hidden_layers, model.config.hidden_size
