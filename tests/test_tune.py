@@ -213,7 +213,7 @@ def tuned(tmp_path_factory):
     other = next(k for k in books if k not in EVALUATION_BOOKS)
     (root / "calib.txt").write_text(books[other][:12000])
     cfg = TuneConfig(model=str(root / "model"), splits=(3, 1), texts=(str(root / "eval.txt"),),
-                     calib_texts=(str(root / "calib.txt"),), calib_tokens=4096, chunk=512, docs=2, doc_tokens=768,
+                     calib_texts=(str(root / "calib.txt"),), calib_tokens=4096, chunk=512, docs=2, doc_tokens=1024,
                      tail=32, window=16, tau=0.05, needle_trials=1, multikey=False, needle_tail=192, repeats=1, resamples=200,
                      budget=Budget(needle_fraction=0.0, max_key_dnll=100.0), out=str(root / "out"))
     return tune(cfg, progress=False), root
@@ -260,11 +260,35 @@ def test_tune_refuses_too_many_candidates_before_the_pass(tmp_path, monkeypatch,
     from ridgefill import calibration
     from ridgefill.cli import main
 
-    save_byte_model(tmp_path / "model", seed=5)
+    from ridgefill.evaluate.tune import pass_memory
+
+    save_byte_model(tmp_path / "model", seed=5)  # 6 layers, d = 64
     monkeypatch.setattr(calibration, "collect_stats_many", lambda *a, **k: pytest.fail("the pass ran"))
-    code = main(["tune", "--model", str(tmp_path / "model"), "--splits", "0,1,2,3,4", "--max-memory", "0.0001",
-                 "--out", str(tmp_path / "out")])
+    limit = pass_memory(6, 64, [0, 2, 4], 1)
+    assert pass_memory(6, 64, [0, 1, 2, 3, 4], 1) > limit
+    code = main(["tune", "--model", str(tmp_path / "model"), "--splits", "0,1,2,3,4", "--max-memory",
+                 repr(limit / 2**30), "--needle-trials", "0", "--calib-tokens", "4096", "--doc-tokens", "1024",
+                 "--tail", "32", "--out", str(tmp_path / "out")])
     assert code == 2
     err = capsys.readouterr().err
-    assert "the statistics of 5 candidate splits [0, 1, 2, 3, 4] need" in err and "--splits" in err
+    assert "the statistics of 5 candidate splits [0, 1, 2, 3, 4] need" in err
+    assert "give fewer candidates, e.g. --splits 0,2,4" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_tune_refuses_evaluation_text_from_the_calibration_text_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    from evaluate_helpers import save_byte_model
+    from ridgefill.cli import main
+    from ridgefill.data import models
+    from ridgefill.data.texts import EVALUATION_BOOKS, load_texts
+
+    save_byte_model(tmp_path / "model", seed=5)
+    book = load_texts()[EVALUATION_BOOKS[0]][:20000]
+    (tmp_path / "a.txt").write_text(book)
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    code = main(["tune", "--model", str(tmp_path / "model"), "--text", str(tmp_path / "a.txt"), "--calib-text",
+                 str(tmp_path / "a.txt"), "--calib-tokens", "4096", "--doc-tokens", "768", "--tail", "32",
+                 "--needle-trials", "0", "--out", str(tmp_path / "out")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "calibration text files" in err and "document 1" in err

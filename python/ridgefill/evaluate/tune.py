@@ -280,17 +280,19 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
         InputError: bad settings, texts too short, candidates out of range or over the memory limit (all
             before the pass), or no candidate meeting the budget (after the report is written: the message
             names the report and what to loosen).
-        OverlapError: evaluation text overlapping the calibration text.
+        OverlapError: evaluation text (documents or needle prose) overlapping the calibration text, before
+            the model loads.
     """
     from ..calibration import calibrate_many, calibration_chunks, special_prefix
     from ..checkpoint import checkpoint_path
     from ..costs import ideal_ratio
     from ..data.models import load_model, load_tokenizer
+    from ..data.overlap import check_disjoint, fingerprint, sample_for
     from ..data.texts import EVALUATION_BOOKS, calibration_texts, load_texts, read_text_files
     from ..select import DEFAULT_SELECT, as_selection
     from .depth import maps_path
     from .loss import fill_variants, key_token_stats, score_documents, summarise
-    from .main_job import check_evaluation_text, document_room, evaluation_plan, source_commit
+    from .main_job import document_room, evaluation_plan, source_commit
     from .needles import haystack_sentences, run_needles
 
     check_config(cfg)
@@ -309,7 +311,16 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
             raise InputError(f"the text files {list(cfg.texts)} hold no document of {cfg.doc_tokens + 1} tokens: "
                              "give a longer text or lower --doc-tokens")
     docs, labels = evaluation_plan(tok, eval_texts, docs, cfg.doc_tokens)
-    calibration_chunks(tok, calib, cfg.calib_tokens, cfg.chunk)  # too little text fails before the model loads
+    # too little text, or evaluation text overlapping the calibration text, fails before the model loads
+    chunks = calibration_chunks(tok, calib, cfg.calib_tokens, cfg.chunk)
+    prefix = len(special_prefix(tok))
+    runs = [c[prefix:] for c in chunks]
+    fp = fingerprint(runs, sample=sample_for(sum(r.numel() for r in runs)))
+    what = "the calibration text files" if cfg.calib_texts else f"the shipped calibration set {defaults.CALIBRATION_SET!r}"
+    check_disjoint(docs, fp, names=labels, calibration=what, prefix_tokens=prefix)
+    for name, text in (eval_texts.items() if cfg.needle_trials else ()):
+        check_disjoint([tok(text, add_special_tokens=False)["input_ids"]], fp,
+                       names=[f"needle haystack text {name!r}"], calibration=what)
     if cfg.needle_trials:  # a needle tail too short for the question, or too little prose, fails here too
         from .needles import case_depth, case_rng, make_case
 
@@ -343,13 +354,12 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
     calib_s = time.perf_counter() - t0
     ckpt.unlink(missing_ok=True)
     first = fitted[splits[0]]
-    check_evaluation_text(first, tok, docs, labels, eval_texts if cfg.needle_trials else {}, user_text=bool(cfg.texts))
 
     select = DEFAULT_SELECT
     say(f"evaluating {len(splits)} splits on {len(docs)} documents of {cfg.doc_tokens} tokens")
     records = score_documents(model, docs, ["heldout"] * len(docs), tail=cfg.tail, window=cfg.window,
                               variants=fill_variants(model, fitted, (), tail=cfg.tail, selects=[select]),
-                              prefix_tokens=len(special_prefix(tok)), progress=say)
+                              prefix_tokens=prefix, progress=say)
     summary = summarise(records, tau=cfg.tau, resamples=cfg.resamples, seed=cfg.seed)
     needles = None
     if cfg.needle_trials:
