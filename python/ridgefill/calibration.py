@@ -15,7 +15,7 @@ import hashlib
 import os
 import sys
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -298,8 +298,12 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
                    chunk: int = defaults.CHUNK, lam: float | str = defaults.LAMBDA, context: int = defaults.CONTEXT,
                    context_penalty: float | None = None, heldout_every: int = 8, model_name: str = "",
                    progress: bool = True, checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 16,
-                   targets: str = "inputs") -> dict[int, RidgeMaps]:
+                   targets: str = "inputs", on_maps: Callable[[int, RidgeMaps], None] | None = None
+                   ) -> dict[int, RidgeMaps]:
     """:func:`calibrate` at several splits from one pass over the text (:func:`collect_stats_many`).
+
+    ``on_maps``: called with ``(S, maps)`` as soon as each split's maps are fitted, shallowest first (save
+    them there, so an interruption during a later split's solve keeps the finished ones).
 
     Returns:
         ``{S: RidgeMaps}``, each identical to ``calibrate(..., split=S)`` with the same arguments.
@@ -353,4 +357,6 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
                                result.stats, mean_h=None if mean_h is None else mean_h[:fit.hidden].float(),
                                mean_x=None if mean_x is None else mean_x.float(),
                                cov_h=calibration_cov(result.stats).float() if inputs else None)
+        if on_maps is not None:
+            on_maps(split, out[split])
     return out

@@ -21,6 +21,7 @@ form) states that this solve is the minimiser; ``KvaLean.Identity`` (``ridge_ten
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -330,33 +331,66 @@ def default_prior(stats: RidgeStats) -> Tensor | None:
     return torch.cat([torch.eye(d, dtype=F64), torch.zeros(stats.features - d, d, dtype=F64)])
 
 
+class HeldoutDecomposition:
+    """One eigendecomposition of the fit statistics' centred feature Gram, shared by every late layer.
+
+    The Gram ``G = Σ (h−h̄)(h−h̄)ᵀ`` ``[f, f]`` and the held-out feature moments about the fit means are the
+    same for every late layer of a split (only the cross terms differ), so one ``eigh`` of ``G`` serves the
+    choice of ``λ`` and the held-out report of every layer (:func:`heldout_errors`, :func:`fit_maps`):
+    ``O(f³)`` once per split, then ``O(f²·k)`` per layer and ``O(f)`` per ``λ``.
+
+    Attributes:
+        evals: ``[f]`` float64 eigenvalues of ``G`` (clamped at 0); q: ``[f, f]`` eigenvectors.
+        m: ``[f, f]`` ``Qᵀ S_hh Q``, the held-out feature moments in the eigenbasis.
+    """
+
+    def __init__(self, fit: RidgeStats, heldout: RidgeStats):
+        self.fit, self.heldout = fit, heldout
+        self.mh, mx = fit.means()
+        self.mx = mx
+        zero = torch.zeros(fit.outputs, dtype=F64)
+        self.gram = fit.moments(0, self.mh, zero)[0]  # the feature block does not depend on the layer
+        evals, self.q = torch.linalg.eigh(self.gram)
+        self.evals = evals.clamp_min(0)
+        self.shh = heldout.moments(0, self.mh, zero)[0]
+        self.m = self.q.T @ self.shh @ self.q
+
+    def errors(self, layer: int, lams: Tensor, prior: Tensor | None | str = "default") -> Tensor:
+        """Held-out squared error of layer ``layer`` for every ``λ`` in ``lams`` ``[k]`` (see
+        :func:`heldout_errors`). Returns ``[k]`` float64."""
+        fit, heldout, q, gram, shh = self.fit, self.heldout, self.q, self.gram, self.shh
+        if isinstance(prior, str):
+            prior = default_prior(fit)
+        mh, mx = self.mh, self.mx[layer]
+        _, cross, _ = fit.moments(layer, mh, mx)
+        _, shx, sxx = heldout.moments(layer, mh, mx)  # held-out moments about the fit means
+        if prior is None:
+            c = q.T @ cross                           # W = Q diag(1/(e+λ)) C
+            srr, p = sxx, q.T @ shx
+        else:
+            c = q.T @ (cross - gram @ prior)          # W = W₀ + Q diag(1/(e+λ)) C
+            # held-out residual target r = (x − m_x) − (h − m_h) W₀; features z = (h − m_h) Q
+            srr = sxx - 2 * torch.trace(prior.T @ shx) + torch.trace(prior.T @ shh @ prior)
+            p = q.T @ (shx - shh @ prior)             # Σ zᵀ r
+        a = (c * p).sum(1)                            # tr(Cᵀ D P) = Σ_i D_i a_i
+        k = self.m * (c @ c.T)                        # tr(Cᵀ D M D C) = Dᵀ K D
+        d = 1.0 / (self.evals[None, :] + lams[:, None])    # [k, d]
+        return srr - 2 * d @ a + ((d @ k) * d).sum(1)
+
+
 def heldout_errors(fit: RidgeStats, heldout: RidgeStats, layer: int, lams: Tensor,
-                   prior: Tensor | None | str = "default") -> Tensor:
+                   prior: Tensor | None | str = "default",
+                   decomposition: HeldoutDecomposition | None = None) -> Tensor:
     """Held-out squared error ``Σ ‖x_l − (h W_λ + b_λ)‖²`` of the ridge with prior ``W₀`` (default
     :func:`default_prior`: the identity for layer inputs, zero for K/V targets) fitted on ``fit``, for
-    every ``λ`` in ``lams`` ``[k]``. Cost: one eigendecomposition and a few ``d³`` products per layer,
-    then ``O(d²)`` per ``λ``. Returns ``[k]`` float64."""
-    if isinstance(prior, str):
-        prior = default_prior(fit)
-    mh, mx = fit.means()
-    mx = mx[layer]
-    gram, cross, _ = fit.moments(layer, mh, mx)
-    evals, q = torch.linalg.eigh(gram)
-    evals = evals.clamp_min(0)
-    shh, shx, sxx = heldout.moments(layer, mh, mx)  # held-out moments about the fit means
-    if prior is None:
-        c = q.T @ cross                           # W = Q diag(1/(e+λ)) C
-        srr, p = sxx, q.T @ shx
-    else:
-        c = q.T @ (cross - gram @ prior)          # W = W₀ + Q diag(1/(e+λ)) C
-        # held-out residual target r = (x − m_x) − (h − m_h) W₀; features z = (h − m_h) Q
-        srr = sxx - 2 * torch.trace(prior.T @ shx) + torch.trace(prior.T @ shh @ prior)
-        p = q.T @ (shx - shh @ prior)             # Σ zᵀ r
-    m = q.T @ shh @ q                             # Σ zᵀ z
-    a = (c * p).sum(1)                            # tr(Cᵀ D P) = Σ_i D_i a_i
-    k = m * (c @ c.T)                             # tr(Cᵀ D M D C) = Dᵀ K D
-    d = 1.0 / (evals[None, :] + lams[:, None])    # [k, d]
-    return srr - 2 * d @ a + ((d @ k) * d).sum(1)
+    every ``λ`` in ``lams`` ``[k]``. Cost: one eigendecomposition (none when ``decomposition``, a
+    :class:`HeldoutDecomposition` of ``fit`` and ``heldout``, is given) and a few ``f²·k`` products per
+    layer, then ``O(f²)`` per ``λ``. Returns ``[k]`` float64."""
+    if decomposition is None:
+        decomposition = HeldoutDecomposition(fit, heldout)
+    elif decomposition.fit is not fit or decomposition.heldout is not heldout:
+        raise InputError("heldout_errors: the decomposition was made from other statistics")
+    return decomposition.errors(layer, lams, prior)
 
 
 def context_block_scaled(weights: Tensor, hidden: int, scale: float) -> Tensor:
@@ -451,15 +485,18 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
             check_real(v, "every λ in the list", lo=0.0)
     elif lam != "auto":
         check_real(lam, "λ", lo=0.0, hint=f"or a list of {n} numbers, or 'auto'")
+    dec, best = None, None  # one decomposition of the fit Gram, for the choice of λ and the held-out report
     if lam == "auto":
         if heldout is None or heldout.count == 0:
             raise InputError("λ = 'auto' needs held-out statistics (calibrate on more than one chunk)")
-        lams = []
+        dec = _decompose(stats, heldout, progress)
+        grid = lambda_grid(dec.gram)  # the centred Gram: the same for every late layer
+        lams, best = [], []  # the chosen λ's held-out error, reused by the report
         for layer in tqdm(range(n), desc="choose λ (held-out error)", unit="layer", disable=not progress):
-            gram, _, _ = stats.centred(layer)
-            grid = lambda_grid(gram)
-            errs = heldout_errors(stats, heldout, layer, grid)
-            lams.append(float(grid[int(torch.argmin(errs))]))
+            errs = dec.errors(layer, grid)
+            i = int(torch.argmin(errs))
+            lams.append(float(grid[i]))
+            best.append(errs[i])
         final_raw = raw.merged(heldout_raw)
     elif isinstance(lam, (list, tuple)):
         lams, final_raw = [float(v) for v in lam], raw
@@ -482,21 +519,37 @@ def fit_maps(stats: RidgeStats, lam: float | str | list[float] = "auto",
             biases.append(mx[layer] - mh @ w)
     rel = rel_id = None
     if heldout is not None and heldout.count:
-        if progress:
-            print("held-out report ...", file=sys.stderr, flush=True)
-        rel, rel_id = _heldout_report(stats, heldout, lams)  # predictions, hence errors, do not depend on the scale
+        if dec is None:
+            dec = _decompose(stats, heldout, progress)
+        # predictions, hence errors, do not depend on the scale
+        rel, rel_id = _heldout_report(stats, heldout, lams, dec, progress, best)
     weights = torch.stack(weights)
     if penalty != 1:  # back to the raw features: b = x̄ − h̄' W' = x̄ − h̄ W already
         weights = context_block_scaled(weights, stats.hidden, scale)
     return FittedMaps(weights, torch.stack(biases), lams, rel, rel_id, final_raw, penalty, methods)
 
 
-def _heldout_report(stats: RidgeStats, heldout: RidgeStats, lams: list[float]):
-    """Held-out relative errors of the chosen ridge and of the identity fill (``W = I``, ``b = 0``)."""
+def _decompose(stats: RidgeStats, heldout: RidgeStats, progress: bool) -> HeldoutDecomposition:
+    """:class:`HeldoutDecomposition` of ``stats`` and ``heldout``, timed on stderr when ``progress``."""
+    t0 = time.perf_counter()
+    if progress:
+        print(f"decompose the {stats.features}×{stats.features} feature Gram (once for all {stats.layers} late "
+              "layers) ...", file=sys.stderr, flush=True)
+    dec = HeldoutDecomposition(stats, heldout)
+    if progress:
+        print(f"decomposed in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return dec
+
+
+def _heldout_report(stats: RidgeStats, heldout: RidgeStats, lams: list[float],
+                    dec: HeldoutDecomposition | None = None, progress: bool = False, errors: list | None = None):
+    """Held-out relative errors of the chosen ridge and of the identity fill (``W = I``, ``b = 0``);
+    ``errors``: the chosen ridge's squared errors per layer when already computed (the choice of ``λ``)."""
     rel, rel_id = [], []
     mh_out, mx_out = heldout.means()
-    for layer, lam in enumerate(lams):
-        err = heldout_errors(stats, heldout, layer, torch.tensor([lam], dtype=F64))[0]
+    dec = HeldoutDecomposition(stats, heldout) if dec is None else dec
+    for layer, lam in enumerate(tqdm(lams, desc="held-out report", unit="layer", disable=not progress)):
+        err = errors[layer] if errors is not None else dec.errors(layer, torch.tensor([lam], dtype=F64))[0]
         _, _, total = heldout.moments(layer, mh_out, mx_out[layer])
         if stats.targets != "inputs":  # K/V targets: no identity fill to compare with
             rel.append(float(err / total))

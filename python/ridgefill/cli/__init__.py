@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_gguf(sub)
 
     eval_cli.add_subcommand(sub)
+    from . import tune as tune_cli
+
+    tune_cli.add_subcommand(sub)
     return parser
 
 

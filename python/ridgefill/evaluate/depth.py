@@ -103,10 +103,9 @@ def maps_for_splits(model: torch.nn.Module, tokenizer, model_name: str, splits: 
     if missing:
         fitted = calibrate_many(model, tokenizer, calib, splits=missing,
                                 tokens=calib_tokens, chunk=chunk, lam=lam, model_name=model_name,
-                                progress=progress, context=context)
-        for split, maps in fitted.items():
-            maps.save(maps_path(out, split))
-            result[split] = maps
+                                progress=progress, context=context,
+                                on_maps=lambda split, maps: maps.save(maps_path(out, split)))  # saved as fitted
+        result.update(fitted)
     return result
 
 

@@ -1,0 +1,476 @@
+"""``ridgefill tune``: the shallowest split that keeps quality, for the user's own model and text.
+
+One streaming pass over the calibration text accumulates the statistics of every candidate split at once
+(:func:`ridgefill.calibration.calibrate_many`; default: every other layer from depth 1/4 to 3/4,
+:func:`default_splits`); each candidate's maps (context maps by default) are fitted and saved as soon as
+they are ready. Each candidate is then evaluated with the default row selection
+(:data:`ridgefill.select.DEFAULT_SELECT`) on held-out documents, with the evaluation code of
+:mod:`ridgefill.evaluate.loss` and :mod:`ridgefill.evaluate.needles`:
+
+- key-token and all-token ΔNLL vs exact (nats/token, 95 % bootstrap interval over documents);
+- filled-region needles (single, and multikey unless turned off) at the documents' length, in percent of
+  trials, beside exact's score;
+- the FLOP bound (:func:`ridgefill.costs.ideal_ratio`, with the rows the selection chose on the first
+  document) and a short measured ratio (exact over fill prefill time, interleaved, median).
+
+The choice (:func:`choose_split`) is the shallowest split whose every needle score is at least
+``needle_fraction`` of exact's and whose key-token ΔNLL (point estimate) is at most ``max_key_dnll``
+(:class:`Budget`). Its maps are written to the maps file (the format ``ridgefill calibrate`` writes), and a
+report (``tune.json``, ``tune.md``, ``tune.png``: quality against speed per split, the chosen point
+marked) to the output folder.
+
+The statistics of all candidates are held in memory together: :func:`pass_memory` gives the figure,
+printed before the pass; a pass that would not fit is refused (:func:`check_memory`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .. import defaults
+from ..errors import InputError
+from ..fileio import atomic_write, write_json
+from ..validate import check_int, check_real
+
+#: Bytes per float64 value of the statistics.
+_F64 = 8
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The quality a split must keep to be chosen.
+
+    Attributes:
+        needle_fraction: every needle variant's score must be at least this fraction of exact's (0 to 1).
+        max_key_dnll: the key-token ΔNLL vs exact (nats/token, point estimate) must be at most this.
+    """
+
+    needle_fraction: float = 0.95
+    max_key_dnll: float = 0.5
+
+    def __post_init__(self):
+        if check_real(self.needle_fraction, "the needle fraction (--min-needles)", lo=0.0) > 1:
+            raise InputError(f"the needle fraction (--min-needles) is a share of exact's score from 0 to 1; got "
+                             f"{self.needle_fraction}")
+        check_real(self.max_key_dnll, "the key-token ΔNLL bound (--max-key-dnll)", lo=0.0,
+                   hint="in nats per token, e.g. 0.5")
+
+
+@dataclass
+class TuneConfig:
+    """Settings of :func:`tune` (the defaults finish in under 30 minutes on 2 CPU cores with SmolLM2).
+
+    ``splits``: candidates (``()``: :func:`default_splits`); ``texts``: evaluation text files (``()``: the
+    bundled evaluation novels); ``calib_texts``: calibration text files (``()``: the shipped mix);
+    ``max_memory``: bytes the statistics may take (``None``: the memory available now).
+    """
+
+    model: str | None = None
+    splits: tuple[int, ...] = ()
+    texts: tuple[str, ...] = ()
+    calib_texts: tuple[str, ...] = ()
+    calib_tokens: int = 32768
+    chunk: int = defaults.CHUNK
+    context: int = defaults.CONTEXT
+    lam: float | str = defaults.LAMBDA
+    docs: int = 4
+    doc_tokens: int = 2048
+    tail: int = defaults.TAIL
+    window: int = 64
+    tau: float = 1.0
+    needle_trials: int = 8
+    needle_tail: int = 64
+    multikey: bool = True
+    repeats: int = 2
+    resamples: int = 2000
+    budget: Budget = field(default_factory=Budget)
+    out: str = "ridgefill-tune"
+    maps: str | None = None
+    max_memory: int | None = None
+    threads: int | None = None
+    seed: int = 0
+
+
+def default_splits(num_layers: int) -> list[int]:
+    """Every other layer from depth 1/4 to 3/4: ``S = round(L/4), +2, …, ≤ round(3L/4)`` (half up), kept
+    within ``0..L-2`` (SmolLM2, 30 layers: 8, 10, …, 22).
+
+    Raises:
+        InputError: a model with fewer than 2 layers.
+    """
+    if num_layers < 2:
+        raise InputError(f"a {num_layers}-layer model has no split to tune (it needs at least 2 layers)")
+    lo = int(Fraction(num_layers, 4) + Fraction(1, 2))
+    hi = min(int(Fraction(3 * num_layers, 4) + Fraction(1, 2)), num_layers - 2)
+    return list(range(min(lo, hi), hi + 1, 2))
+
+
+def check_splits(splits: Sequence[int], num_layers: int) -> list[int]:
+    """``splits`` sorted and checked: integers in ``0..L-2``, no repeats. Raises :class:`InputError`."""
+    out = [check_int(s, "split S", lo=0, hi=num_layers - 2, hint=f"this model has {num_layers} layers")
+           for s in splits]
+    if len(set(out)) != len(out):
+        raise InputError(f"the candidate splits {list(splits)} repeat a split: list each once")
+    if not out:
+        raise InputError("no candidate split: give at least one (or leave --splits out for the default)")
+    return sorted(out)
+
+
+def stats_bytes(num_layers: int, hidden: int, split: int, context: int) -> int:
+    """Bytes of one split's fit and held-out statistics (:class:`ridgefill.ridge.RidgeStats`, float64):
+    ``2 · 8 · (f + f² + late · (k + f·k + 1) + late·k)`` with ``f = hidden·(1+context)``, ``k = hidden``."""
+    f, k, late = hidden * (1 + context), hidden, num_layers - split - 1
+    one = f + f * f + late * (2 * k + f * k + 1) + f
+    return 2 * _F64 * one
+
+
+def pass_memory(num_layers: int, hidden: int, splits: Sequence[int], context: int) -> int:
+    """Peak bytes of the multi-split pass and fit: every candidate's statistics together (the pass), plus
+    four more copies of the largest split's (merged, scaled and solved copies during its fit, and the
+    maps' own statistics). Model weights and activations are not counted."""
+    each = [stats_bytes(num_layers, hidden, s, context) for s in splits]
+    return sum(each) + 2 * max(each)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (``MemAvailable`` of ``/proc/meminfo``; ``None`` where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(num_layers: int, hidden: int, splits: Sequence[int], context: int, limit: int | None) -> int:
+    """The pass's memory (:func:`pass_memory`), refused when over ``limit`` bytes.
+
+    Returns:
+        the bytes needed.
+
+    Raises:
+        InputError: over the limit; the message gives both figures and a smaller list of candidates that
+            fits (every other one, repeatedly), or says that even one split does not fit.
+    """
+    need = pass_memory(num_layers, hidden, splits, context)
+    if limit is None or need <= limit:
+        return need
+    fewer = list(splits)
+    while len(fewer) > 1 and pass_memory(num_layers, hidden, fewer, context) > limit:
+        fewer = fewer[::2]
+    gib = 2 ** 30
+    if pass_memory(num_layers, hidden, fewer, context) > limit:
+        hint = ("even one split does not fit: free memory, raise --max-memory if more is available, or use "
+                "--context 0 (half the features)")
+    else:
+        hint = f"give fewer candidates, e.g. --splits {','.join(map(str, fewer))}, or run tune more than once"
+    raise InputError(f"the statistics of {len(splits)} candidate splits {list(splits)} need {need / gib:.2f} GiB, "
+                     f"more than the {limit / gib:.2f} GiB available; {hint}")
+
+
+def choose_split(rows: Sequence[dict], budget: Budget) -> int | None:
+    """The shallowest split meeting ``budget``, or ``None``.
+
+    Args:
+        rows: one per candidate: ``{"split", "key_dnll", "needles": {variant: score %}, "exact_needles":
+            {variant: score %}}``; a missing key-token ΔNLL (``None``: no key tokens) fails the rule.
+
+    Returns:
+        the smallest ``split`` whose ``key_dnll ≤ max_key_dnll`` and, for every needle variant,
+        ``score ≥ needle_fraction · exact score``.
+    """
+    def meets(r: dict) -> bool:
+        if r.get("key_dnll") is None or not r["key_dnll"] <= budget.max_key_dnll:
+            return False
+        return all(r["needles"][v] >= budget.needle_fraction * r["exact_needles"][v] - 1e-9
+                   for v in r["exact_needles"])
+
+    ok = [r["split"] for r in rows if meets(r)]
+    return min(ok) if ok else None
+
+
+def check_config(cfg: TuneConfig) -> None:
+    """Reject bad sizes before anything is loaded. Raises :class:`InputError`."""
+    for flag, value in {"--calib-tokens": cfg.calib_tokens, "--docs": cfg.docs, "--doc-tokens": cfg.doc_tokens,
+                        "--tail": cfg.tail, "--window": cfg.window, "--needle-tail": cfg.needle_tail,
+                        "--repeats": cfg.repeats, "--resamples": cfg.resamples}.items():
+        check_int(value, flag, lo=1)
+    check_int(cfg.needle_trials, "--needle-trials", lo=0)
+    check_real(cfg.tau, "the key-token threshold τ", lo=0.0, hint="in nats, e.g. 1.0")
+    if cfg.tail >= cfg.doc_tokens:
+        raise InputError(f"--tail {cfg.tail} must be shorter than --doc-tokens {cfg.doc_tokens}")
+    if cfg.needle_tail >= cfg.doc_tokens:
+        raise InputError(f"--needle-tail {cfg.needle_tail} must be shorter than --doc-tokens {cfg.doc_tokens}")
+    if cfg.max_memory is not None:
+        check_int(cfg.max_memory, "--max-memory", lo=1)
+    if not isinstance(cfg.budget, Budget):
+        raise InputError("budget must be a ridgefill.evaluate.tune.Budget")
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {cfg.out!r} is a file: give a folder for the candidates' maps and the report")
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measured_ratio(model, ids: torch.Tensor, maps, tail: int, select, repeats: int) -> tuple[float, list[int]]:
+    """Median over ``repeats`` of exact / fill (with ``select``) prefill seconds on ``ids`` ``[1, N]``, the two
+    interleaved after a warm-up; and the positions of the rows the selection chose."""
+    from ..fill import prefill
+
+    chosen = prefill(model, ids, maps, tail=tail, mode="ridge", select=select).selected
+    prefill(model, ids, None, tail=ids.shape[1], mode="exact")
+    ratios = []
+    for _ in range(repeats):
+        e = _timed(lambda: prefill(model, ids, None, tail=ids.shape[1], mode="exact"))
+        f = _timed(lambda: prefill(model, ids, maps, tail=tail, mode="ridge", select=select))
+        ratios.append(e / f)
+    return statistics.median(ratios), [] if chosen is None else chosen.tolist()
+
+
+def candidate_rows(summary: list[dict], needles: dict | None, splits: Sequence[int]) -> list[dict]:
+    """Per split: key-token and all-token ΔNLL with intervals (from :func:`ridgefill.evaluate.loss.summarise`
+    rows of variant ``"<S>/ridge+sel"``) and needle scores (:func:`ridgefill.evaluate.needles.run_needles`
+    scores) beside exact's."""
+    rows = []
+    exact = {}
+    for r in (needles or {}).get("scores", []):
+        if r["system"] == "exact":
+            exact[r["variant"]] = r["score"]
+    for s in splits:
+        row = {"split": s, "needles": {}, "needle_ci": {}, "exact_needles": dict(exact)}
+        for tokens, key in (("key", "key_dnll"), ("all", "all_dnll")):
+            hit = [r for r in summary if r["tokens"] == tokens and r["variant"] == f"{s}/ridge+sel"
+                   and r["set"] == "heldout"]
+            row[key] = hit[0]["delta_nll"]["mean"] if hit else None
+            row[key + "_ci"] = hit[0]["delta_nll"]["ci"] if hit else None
+        for r in (needles or {}).get("scores", []):
+            if r["system"] == f"{s}/ridge+sel":
+                row["needles"][r["variant"]] = r["score"]
+                row["needle_ci"][r["variant"]] = r["ci"]
+        rows.append(row)
+    return rows
+
+
+def tune(cfg: TuneConfig, progress: bool = True) -> dict:
+    """Run ``ridgefill tune`` and return the report (also written to ``<out>/tune.json``, ``tune.md`` and
+    ``tune.png``); the chosen split's maps are written to ``cfg.maps`` (default ``<out>/maps.safetensors``).
+
+    Raises:
+        InputError: bad settings, texts too short, candidates out of range or over the memory limit (all
+            before the pass), or no candidate meeting the budget (after the report is written: the message
+            names the report and what to loosen).
+        OverlapError: evaluation text (documents or needle prose) overlapping the calibration text, before
+            the model loads.
+    """
+    from ..calibration import calibrate_many, calibration_chunks, special_prefix
+    from ..checkpoint import checkpoint_path
+    from ..costs import ideal_ratio
+    from ..data.models import load_model, load_tokenizer
+    from ..data.overlap import check_disjoint, fingerprint, sample_for
+    from ..data.texts import EVALUATION_BOOKS, calibration_texts, load_texts, read_text_files
+    from ..select import DEFAULT_SELECT, as_selection
+    from .depth import maps_path
+    from .loss import fill_variants, key_token_stats, score_documents, summarise
+    from .main_job import document_room, evaluation_plan, source_commit
+    from .needles import haystack_sentences, run_needles
+
+    check_config(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    t_start = time.perf_counter()
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None)
+    tok = load_tokenizer(cfg.model)
+    eval_texts = read_text_files(cfg.texts) if cfg.texts else {k: v for k, v in load_texts().items()
+                                                              if k in EVALUATION_BOOKS}
+    calib = read_text_files(cfg.calib_texts) if cfg.calib_texts else calibration_texts(defaults.CALIBRATION_SET)
+    docs = cfg.docs
+    if cfg.texts:
+        docs = min(docs, document_room(tok, eval_texts, cfg.doc_tokens))
+        if docs < 1:
+            raise InputError(f"the text files {list(cfg.texts)} hold no document of {cfg.doc_tokens + 1} tokens: "
+                             "give a longer text or lower --doc-tokens")
+    docs, labels = evaluation_plan(tok, eval_texts, docs, cfg.doc_tokens)
+    # too little text, or evaluation text overlapping the calibration text, fails before the model loads
+    chunks = calibration_chunks(tok, calib, cfg.calib_tokens, cfg.chunk)
+    prefix = len(special_prefix(tok))
+    runs = [c[prefix:] for c in chunks]
+    fp = fingerprint(runs, sample=sample_for(sum(r.numel() for r in runs)))
+    what = "the calibration text files" if cfg.calib_texts else f"the shipped calibration set {defaults.CALIBRATION_SET!r}"
+    check_disjoint(docs, fp, names=labels, calibration=what, prefix_tokens=prefix)
+    for name, text in (eval_texts.items() if cfg.needle_trials else ()):
+        check_disjoint([tok(text, add_special_tokens=False)["input_ids"]], fp,
+                       names=[f"needle haystack text {name!r}"], calibration=what)
+    if cfg.needle_trials:  # a needle tail too short for the question, or too little prose, fails here too
+        from .needles import case_depth, case_rng, make_case
+
+        for variant in ["single", "multikey"] if cfg.multikey else ["single"]:
+            make_case(tok, haystack_sentences(eval_texts), length=cfg.doc_tokens, tail=cfg.needle_tail,
+                      variant=variant, rng=case_rng(cfg.seed, variant, cfg.doc_tokens, 0),
+                      depth=case_depth(variant, 0, cfg.needle_trials))
+
+    model, tok, model_name = load_model(cfg.model)
+    L, d = model.config.num_hidden_layers, model.config.hidden_size
+    splits = check_splits(cfg.splits, L) if cfg.splits else default_splits(L)
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    if max_pos and cfg.doc_tokens + 16 > max_pos:
+        raise InputError(f"--doc-tokens {cfg.doc_tokens} leaves no room to answer within the model's context of "
+                         f"{max_pos} tokens")
+    limit = cfg.max_memory if cfg.max_memory is not None else available_memory()
+    need = check_memory(L, d, splits, cfg.context, limit)
+    say(f"candidate splits {splits} of {L} layers; their statistics need {need / 2**30:.2f} GiB"
+        + ("" if limit is None else f" (of {limit / 2**30:.2f} GiB available)"))
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    maps_file = Path(cfg.maps) if cfg.maps else out / "maps.safetensors"
+    ckpt = checkpoint_path(out / "tune.safetensors")
+    if ckpt.exists():
+        say(f"resuming the pass from the checkpoint {ckpt}")
+    t0 = time.perf_counter()
+    fitted = calibrate_many(model, tok, calib, splits=splits, tokens=cfg.calib_tokens, chunk=cfg.chunk, lam=cfg.lam,
+                            context=cfg.context, model_name=model_name, progress=progress, checkpoint=ckpt,
+                            on_maps=lambda s, m: m.save(maps_path(out, s)))
+    calib_s = time.perf_counter() - t0
+    ckpt.unlink(missing_ok=True)
+    first = fitted[splits[0]]
+
+    select = DEFAULT_SELECT
+    say(f"evaluating {len(splits)} splits on {len(docs)} documents of {cfg.doc_tokens} tokens")
+    records = score_documents(model, docs, ["heldout"] * len(docs), tail=cfg.tail, window=cfg.window,
+                              variants=fill_variants(model, fitted, (), tail=cfg.tail, selects=[select]),
+                              prefix_tokens=prefix, progress=say)
+    summary = summarise(records, tau=cfg.tau, resamples=cfg.resamples, seed=cfg.seed)
+    needles = None
+    if cfg.needle_trials:
+        needles = run_needles(model, tok, haystack_sentences(eval_texts), lengths=[cfg.doc_tokens],
+                              trials=cfg.needle_trials, variants=["single", "multikey"] if cfg.multikey else ["single"],
+                              modes=["exact"], maps_by_split=fitted, splits=splits, tail=cfg.needle_tail,
+                              seed=cfg.seed, selects=[select], select_modes=("ridge",), progress=say)
+    rows = candidate_rows(summary, needles, splits)
+    ids = docs[0][None, :-1]
+    sel = as_selection(select)
+    for row in rows:
+        s = row["split"]
+        ratio, rows_chosen = measured_ratio(model, ids, fitted[s], cfg.tail, select, cfg.repeats)
+        row["flop_bound"] = ideal_ratio(model.config, ids.shape[1], s, cfg.tail, selected=rows_chosen,
+                                        rounds=sel.rounds, queries=sel.scored_rows(cfg.tail + len(rows_chosen)),
+                                        context=cfg.context)
+        row["measured_ratio"] = ratio
+        row["selected_rows"] = len(rows_chosen)
+        say(f"S={s}: bound {row['flop_bound']:.2f}x, measured {ratio:.2f}x")
+    chosen_split = choose_split(rows, cfg.budget)
+    if chosen_split is not None:
+        fitted[chosen_split].save(maps_file)
+    report = {
+        "kind": "tune", "model": model_name, "num_layers": L, "hidden": d, "splits": splits,
+        "chosen_split": chosen_split, "maps_path": str(maps_file) if chosen_split is not None else None,
+        "budget": {"needle_fraction": cfg.budget.needle_fraction, "max_key_dnll": cfg.budget.max_key_dnll},
+        "rows": rows, "select": str(select), "context": cfg.context, "lambda_spec": str(cfg.lam),
+        "calibration_tokens": first.meta.get("calibration_tokens"), "calibration_seconds": calib_s,
+        "statistics_bytes": need, "documents": len(docs), "doc_tokens": cfg.doc_tokens, "tail": cfg.tail,
+        "window": cfg.window, "tau": cfg.tau, "needle_trials": cfg.needle_trials, "needle_tail": cfg.needle_tail,
+        "key_tokens": key_token_stats(records, cfg.tau), "repeats": cfg.repeats,
+        "evaluation_texts": list(eval_texts), "threads": torch.get_num_threads(), "machine": platform.machine(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "wall_seconds": time.perf_counter() - t_start,
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "commit": source_commit(),
+    }
+    write_report(report, out)
+    if chosen_split is None:
+        raise InputError(f"no candidate split in {splits} meets the budget (needles ≥ "
+                         f"{cfg.budget.needle_fraction:.0%} of exact, key-token ΔNLL ≤ {cfg.budget.max_key_dnll}); "
+                         f"the table is in {out / 'tune.md'}: add deeper splits (--splits) or loosen --min-needles / "
+                         "--max-key-dnll")
+    return report
+
+
+def format_table(report: dict) -> str:
+    """The report's table in markdown: one row per split, the chosen one marked."""
+    variants = list(report["rows"][0]["exact_needles"]) if report["rows"] else []
+    head = ["S", "depth", "FLOP bound", "measured", "key-token ΔNLL [95 % CI]", "all-token ΔNLL [95 % CI]"]
+    head += [f"{v} needles (exact)" for v in variants] + ["meets budget", "chosen"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    budget = Budget(**report["budget"])
+    for r in report["rows"]:
+        def ci(key):
+            if r.get(key) is None:
+                return "n/a"
+            lo, hi = r[key + "_ci"]
+            return f"{r[key]:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+        cells = [str(r["split"]), f"{r['split'] / report['num_layers']:.2f}", f"{r['flop_bound']:.2f}x",
+                 f"{r['measured_ratio']:.2f}x", ci("key_dnll"), ci("all_dnll")]
+        cells += [f"{r['needles'].get(v, math.nan):.0f}% ({r['exact_needles'][v]:.0f}%)" for v in variants]
+        cells += ["yes" if choose_split([r], budget) is not None else "no",
+                  "**chosen**" if r["split"] == report["chosen_split"] else ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_report(report: dict, out: str | os.PathLike) -> None:
+    """Write ``tune.json``, ``tune.md`` (the table and the settings) and ``tune.png`` (key-token ΔNLL and
+    needle score against the FLOP bound per split, the chosen split marked) into ``out``, atomically."""
+    from .report import _plt
+
+    out = Path(out)
+    write_json(out / "tune.json", report)
+    b = report["budget"]
+    text = (f"# ridgefill tune: {report['model']}\n\n"
+            f"{report['num_layers']} layers; candidates {report['splits']}; chosen split: "
+            f"{report['chosen_split'] if report['chosen_split'] is not None else 'none meets the budget'}.\n\n"
+            f"Budget: every needle variant ≥ {b['needle_fraction']:.0%} of exact's score, key-token ΔNLL ≤ "
+            f"{b['max_key_dnll']} nats/token. Row selection: the default ({report['select']}). "
+            f"{report['documents']} documents of {report['doc_tokens']} tokens (exact tail {report['tail']}); "
+            f"needles: {report['needle_trials']} trials per variant at {report['doc_tokens']} tokens, exact tail "
+            f"{report['needle_tail']}; measured ratio: median of {report['repeats']} interleaved prefills of the "
+            f"first document; calibration: {report['calibration_tokens']} tokens.\n\n"
+            + format_table(report) + "\n\n![quality against speed](tune.png)\n")
+    atomic_write(out / "tune.md", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    rows = report["rows"]
+    x = [r["flop_bound"] for r in rows]
+    for ax, key, label in ((ax1, "key_dnll", "key-token ΔNLL (nats/token)"), (ax2, None, "needles (% of trials)")):
+        if key:
+            y = [math.nan if r[key] is None else r[key] for r in rows]
+            err = [[0 if r[key] is None else r[key] - r[key + "_ci"][0] for r in rows],
+                   [0 if r[key] is None else r[key + "_ci"][1] - r[key] for r in rows]]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3)
+            ax.axhline(b["max_key_dnll"], color="grey", linestyle="--", label="budget")
+        else:
+            for v in (rows[0]["exact_needles"] if rows else {}):
+                ax.plot(x, [r["needles"].get(v, math.nan) for r in rows], marker="o", label=v)
+                ax.axhline(b["needle_fraction"] * rows[0]["exact_needles"][v], linestyle="--", color="grey")
+        for r, xv in zip(rows, x):
+            yv = r[key] if key else min(r["needles"].values(), default=math.nan)
+            if yv is not None:
+                ax.annotate(f"S={r['split']}", (xv, yv), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            if r["split"] == report["chosen_split"] and yv is not None:
+                ax.plot([xv], [yv], marker="*", markersize=16, color="red", linestyle="none", label="chosen")
+        ax.set_xlabel("FLOP bound (exact / fill)")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"ridgefill tune: {report['model']}, quality against speed per split")
+    fig.tight_layout()
+    atomic_write(out / "tune.png", lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
