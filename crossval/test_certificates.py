@@ -4,6 +4,7 @@ on the committed ``KvaLean/CertExamples.lean`` is part of the CI Lean step)."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from fractions import Fraction
 from pathlib import Path
@@ -335,7 +336,14 @@ def test_rigorous_certificate_rejects_a_planted_weight(tmp_path, capsys):
     assert bad["excess_bound"] > 1e6 * good["excess_bound"]
     (msg,) = rigorous_failures(bad)
     assert "objective gap" in msg and "recalibrate" in msg
-    # through the command: maps saved with the planted weight (and statistics written with them)
+    # through the command: the fitted maps pass and their bounds are written; maps saved with the planted
+    # weight (and statistics written with them) fail
+    maps.save(tmp_path / "good.safetensors")
+    assert cli.main(["certify", str(tmp_path / "good.safetensors"), "--rigorous"]) == 0
+    written = json.loads((tmp_path / "good.certs" / "rigorous.json").read_text())
+    assert [c["layer"] for c in written] == [maps.split + 1 + i for i in range(len(maps.lambdas))]
+    assert written[index]["excess_bound"] == good["excess_bound"] and all(c["passed"] for c in written)
+    assert "rigorous certificates:" in capsys.readouterr().out
     w_all = maps.weights.clone()
     w_all[index] = planted.to(w_all.dtype)
     RidgeMaps(maps.split, w_all, maps.biases, maps.lambdas, maps.meta, maps.stats).save(tmp_path / "bad.safetensors")

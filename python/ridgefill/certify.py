@@ -656,9 +656,9 @@ def rigorous_certificate(stats: RidgeStats, index: int, weight: Tensor, lam: flo
        ``‖D‖²_A = ⟨D, A D⟩`` enclosed, and ``‖W_64 − W★‖²_A = ⟨W_64 − W★, R_64⟩ ≤ ‖R_64‖²_F / μ``
        (Cauchy–Schwarz and ``ridge_err_le_residual`` for ``W_64``).
 
-    The criterion (``passed``): ``μ > 0`` and the gap bound at most ``max_excess_rel · J(W_s)`` (``J``'s
-    lower end) plus ``‖δ‖²_A``-sized float32 storage allowance ``‖A‖_F (2⁻²³ ‖W_64‖_F)²``, all compared as
-    balls. Not certified: the rounding in forming the centred ``G``, ``B`` from the saved sums (the certificate
+    The criterion (``passed``): ``μ > 0`` and the gap bound at most ``max_excess_rel · J(W_s)`` (the lower
+    end of ``J``'s ball) plus the float32 storage allowance ``‖A‖_F (2⁻²³ ‖W_64‖_F)²`` (what rounding ``W★``
+    to float32 alone may cost), all compared as balls. Not certified: the rounding in forming the centred ``G``, ``B`` from the saved sums (the certificate
     is about the problem with those float64 matrices, the one the solve used).
 
     Returns:
