@@ -76,6 +76,9 @@ CONTEXT = (_F + "test_context_features_are_causal",)
 SELECT = ("test_select_props.py::test_selection_keeps_every_row_and_equals_the_one_pass_prefill",)
 NUMERIC_CERTS = (_C + "test_certify_cli_on_tiny_calibrations", _C + "test_real_model_certificates",
                  _C + "test_certificates_reject_wrong_maps_and_tampering")
+RIGOROUS_CERTS = (_C + "test_rigorous_certificate_encloses_exact_residual_and_gap",
+                  _C + "test_rigorous_certificate_rejects_a_planted_weight",
+                  _C + "test_rigorous_certificate_on_the_real_model")
 EXACT_CERTS = (_C + "test_exact_certificates_from_rational_data", _C + "test_committed_lean_certificates",
                _C + "test_real_model_certificates")
 LEAN_EXAMPLE = (_C + "test_certificate_lean_example",)
@@ -88,7 +91,7 @@ def _entries(file: str, names: str, python: tuple[str, ...], tests: tuple[str, .
 
 REGISTRY: tuple[Entry, ...] = (
     # ---- KvaLean/Ridge.lean: the closed-form solve is the minimiser --------------------------------
-    Entry("KvaLean.ridge_gap", "KvaLean/Ridge.lean", _SOLVE, GAP,
+    Entry("KvaLean.ridge_gap", "KvaLean/Ridge.lean", _SOLVE, GAP + RIGOROUS_CERTS,
           "J(w) = J(w★) + ‖X(w − w★)‖² + λ‖w − w★‖² at a normal-equation solution"),
     Entry("KvaLean.ridge_optimal", "KvaLean/Ridge.lean", _SOLVE, OPTIMAL + NUMERIC_CERTS,
           "λ ≥ 0: the normal-equation solution minimises J"),
@@ -171,8 +174,9 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("KvaLean.centred_limit_eq_identity_iff", "KvaLean/Identity.lean", _FILL, LIMIT + EXACT_TARGETS,
           "the limit is the identity fill iff x̄ = h̄"),
     Entry("KvaLean.affineMap_idMat", "KvaLean/Identity.lean", _FILL, LIMIT, "h I + b = h + b"),
-    Entry("KvaLean.ridge_err_le_residual", "KvaLean/Identity.lean", ("ridgefill.certify.layer_certificate",),
-          NUMERIC_CERTS, "‖W − W★‖ ≤ ‖R‖/μ from G + λI ⪰ μI and the normal-equation residual R"),
+    Entry("KvaLean.ridge_err_le_residual", "KvaLean/Identity.lean",
+          ("ridgefill.certify.layer_certificate", "ridgefill.certify.rigorous_certificate"),
+          NUMERIC_CERTS + RIGOROUS_CERTS, "‖W − W★‖ ≤ ‖R‖/μ from G + λI ⪰ μI and the normal-equation residual R"),
     *_entries("Identity", "err_le_of_coercive", ("ridgefill.certify.layer_certificate",), NUMERIC_CERTS,
               "supporting lemma"),
     *_entries("Identity", "dot_mul_self_le dot_sub_right dot_col_idMat div_pos_of_pos le_of_mul_self_mul_le",

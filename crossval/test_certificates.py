@@ -4,6 +4,7 @@ on the committed ``KvaLean/CertExamples.lean`` is part of the CI Lean step)."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from fractions import Fraction
 from pathlib import Path
@@ -221,4 +222,151 @@ def test_certificate_lean_example():
     agrees_with_float_solve(good)
     record(("KvaLean.exampleInstance_check", "KvaLean.exampleInstance_optimal"))
     record(("KvaLean.badInstance_rejected",))
+    tally.example(2)
+
+
+# --------------------------------------------------------------------------------------------------
+# rigorous (ball-arithmetic) certificates: ridgefill certify --rigorous
+# --------------------------------------------------------------------------------------------------
+
+def _frac(t) -> list[list[Fraction]]:
+    return [[Fraction(v) for v in row] for row in t.detach().to(F64).tolist()]
+
+
+def _exact_problem(stats, index, weight, lam):
+    """``A = ½(G + Gᵀ) + λI``, ``B + λW₀``, ``Σ‖x − x̄‖²``, ``W_s``, ``W₀``, ``½(G + Gᵀ)``, ``B`` and ``λ`` as
+    exact rationals (``G``, ``B``: the float64 centred statistics the solve reads; ``J`` reads only the
+    symmetric part of ``G``)."""
+    from ridgefill.ridge import default_prior
+
+    gram, cross, sxx = stats.centred(index)
+    lam = Fraction(lam)
+    g = _frac(gram)
+    sym = [[(g[i][j] + g[j][i]) / 2 for j in range(len(g))] for i in range(len(g))]
+    a = [list(r) for r in sym]
+    for i in range(len(a)):
+        a[i][i] += lam
+    prior = _frac(default_prior(stats))
+    rhs = [[b + lam * p for b, p in zip(rb, rp)] for rb, rp in zip(_frac(cross), prior)]
+    return a, rhs, Fraction(float(sxx)), _frac(weight), prior, sym, _frac(cross), lam
+
+
+def _residual(a, w, rhs):
+    from ridgefill.certify import _matmul
+
+    aw = _matmul(a, w)
+    return [[u - v for u, v in zip(ru, rv)] for ru, rv in zip(aw, rhs)]
+
+
+def _sq(m) -> Fraction:
+    return sum((v * v for row in m for v in row), Fraction(0))
+
+
+def _objective(gram, cross, sxx, lam, prior, w) -> Fraction:
+    """``J(W) = ⟨W, G W⟩ − 2⟨W, B⟩ + Σ‖x − x̄‖² + λ‖W − W₀‖²`` exactly."""
+    from ridgefill.certify import _matmul
+
+    gw = _matmul(gram, w)
+    inner = sum((u * v for ru, rv in zip(w, gw) for u, v in zip(ru, rv)), Fraction(0))
+    wb = sum((u * v for ru, rv in zip(w, cross) for u, v in zip(ru, rv)), Fraction(0))
+    return inner - 2 * wb + sxx + lam * _sq([[u - p for u, p in zip(ru, rp)] for ru, rp in zip(w, prior)])
+
+
+def test_rigorous_certificate_encloses_exact_residual_and_gap(tmp_path):
+    """On maps calibrated by the project (tiny model, ``d = 16``), read back from disk: the ball enclosure of
+    ``‖(G + λI)W_s − (B + λW₀)‖_F`` holds the exact rational residual's norm and the float64 one (within its
+    rounding); ``μ`` is below the spectrum; and the bounds are those of ``KvaLean.ridge_err_le_residual``
+    (``μ²‖W_s − W★‖² ≤ ‖R‖²``) and ``KvaLean.ridge_gap`` (``J(W_s) − J(W★) = ⟨W_s − W★, A(W_s − W★)⟩``, at
+    most the certified gap), checked against the exact minimiser ``W★`` (:func:`ridgefill.certify.exact_solve`)."""
+    from ridgefill.certify import as_solved, exact_solve, rigorous_certify_maps, _matmul
+
+    path = fitted_maps(1, 1, 1.0).save(tmp_path / "maps.safetensors")
+    certs = rigorous_certify_maps(path)
+    maps, stats = load_maps(path), load_stats(stats_path(path))[0]
+    solved, weights = as_solved(stats, maps)
+    assert [c["layer"] for c in certs] == [maps.split + 1 + i for i in range(len(maps.lambdas))]
+    assert all(c["passed"] and c["reg_eig_lower"] > 0 for c in certs)
+    index = len(maps.lambdas) - 1  # the last late layer: a map far from the identity
+    cert, lam = certs[index], maps.lambdas[index]
+    a, rhs, sxx, w, prior, gram, cross, lam_q = _exact_problem(solved, index, weights[index], lam)
+    r_sq = _sq(_residual(a, w, rhs))
+    lo, hi = Fraction(cert["residual_fro_lower"]), Fraction(cert["residual_fro_upper"])
+    assert lo * lo <= r_sq <= hi * hi and 0 < lo and hi <= lo * (1 + Fraction(1, 10 ** 9))
+    # the float64 residual, within its own rounding (d + 2) eps ‖|A||W| + |B + λW₀|‖_F
+    g64, b64, _ = solved.centred(index)
+    a64 = g64 + lam * torch.eye(g64.shape[0], dtype=F64)
+    rhs64 = b64 + lam * torch.eye(*b64.shape, dtype=F64)
+    w64 = weights[index].to(F64)
+    r_float = float((a64 @ w64 - rhs64).norm())
+    slack = (g64.shape[0] + 2) * EPS * float((a64.abs() @ w64.abs() + rhs64.abs()).norm())
+    assert cert["residual_fro_lower"] - slack <= r_float <= cert["residual_fro_upper"] + slack
+    # μ ≤ λ_min(G + λI)
+    assert 0 < cert["reg_eig_lower"] <= float(torch.linalg.eigvalsh(a64)[0])
+    # the exact minimiser and the theorem's inequalities
+    wstar = exact_solve(gram, cross, lam_q, prior)
+    e = [[u - v for u, v in zip(ru, rv)] for ru, rv in zip(w, wstar)]
+    mu = Fraction(cert["reg_eig_lower"])
+    assert mu * mu * _sq(e) <= r_sq                                      # ridge_err_le_residual, all columns
+    assert _sq(e) <= Fraction(cert["weight_error_bound"]) ** 2
+    gap = _objective(gram, cross, sxx, lam_q, prior, w) - _objective(gram, cross, sxx, lam_q, prior, wstar)
+    ae = _matmul(a, e)
+    assert gap == sum((u * v for ru, rv in zip(e, ae) for u, v in zip(ru, rv)), Fraction(0))  # ridge_gap
+    assert 0 <= gap <= Fraction(cert["excess_bound"])
+    assert Fraction(cert["objective_lower"]) <= _objective(gram, cross, sxx, lam_q, prior, w) <= Fraction(
+        cert["objective_upper"])
+    record(NUMERIC + ("KvaLean.ridge_err_le_residual", "KvaLean.ridge_gap"), len(certs))
+    tally.example()
+
+
+def test_rigorous_certificate_rejects_a_planted_weight(tmp_path, capsys):
+    """One stored weight moved by 10⁻² ``‖W‖_max`` (a gap of about 10⁻³ ``J``, above the criterion 10⁻⁴): the ball enclosure's residual and gap bound grow by
+    orders of magnitude, the certificate fails with a message naming the gap, and ``ridgefill certify
+    --rigorous`` exits with status 2."""
+    from ridgefill.certify import as_solved, rigorous_certificate, rigorous_failures
+
+    maps = fitted_maps(1, 1, 1.0)
+    solved, weights = as_solved(maps.stats, maps)
+    index = len(maps.lambdas) - 1
+    good = rigorous_certificate(solved, index, weights[index], maps.lambdas[index])
+    planted = weights[index].clone()
+    planted[3, 5] += 1e-2 * float(planted.abs().max())
+    bad = rigorous_certificate(solved, index, planted, maps.lambdas[index])
+    assert good["passed"] and not bad["passed"]
+    assert bad["residual_fro_lower"] > 1e3 * good["residual_fro_upper"]
+    assert bad["excess_bound"] > 1e6 * good["excess_bound"]
+    (msg,) = rigorous_failures(bad)
+    assert "objective gap" in msg and "recalibrate" in msg
+    # through the command: the fitted maps pass and their bounds are written; maps saved with the planted
+    # weight (and statistics written with them) fail
+    maps.save(tmp_path / "good.safetensors")
+    assert cli.main(["certify", str(tmp_path / "good.safetensors"), "--rigorous"]) == 0
+    written = json.loads((tmp_path / "good.certs" / "rigorous.json").read_text())
+    assert [c["layer"] for c in written] == [maps.split + 1 + i for i in range(len(maps.lambdas))]
+    assert written[index]["excess_bound"] == good["excess_bound"] and all(c["passed"] for c in written)
+    assert "rigorous certificates:" in capsys.readouterr().out
+    w_all = maps.weights.clone()
+    w_all[index] = planted.to(w_all.dtype)
+    RidgeMaps(maps.split, w_all, maps.biases, maps.lambdas, maps.meta, maps.stats).save(tmp_path / "bad.safetensors")
+    assert cli.main(["certify", str(tmp_path / "bad.safetensors"), "--rigorous"]) == 2
+    err = capsys.readouterr().err
+    assert f"layer {maps.split + 1 + index}" in err and "objective gap" in err
+    tally.example()
+
+
+def test_rigorous_certificate_on_the_real_model(real, tmp_path):
+    """The real model's maps (``d = 576``): the ball-arithmetic certificate passes on the first and the last
+    late layer, the last with a gap bound far inside the criterion (all layers: ``ridgefill certify
+    --rigorous``, docs/kvalean.md)."""
+    from ridgefill.certify import rigorous_certify_maps
+
+    path = real.save(tmp_path / "maps.safetensors")
+    last = len(real.lambdas) - 1
+    certs = rigorous_certify_maps(path, layers=[0, last])
+    assert [c["layer"] for c in certs] == [real.split + 1, real.split + 1 + last]
+    for c in certs:
+        assert c["passed"] and c["reg_eig_lower"] > 0
+        assert c["excess_bound"] <= c["max_excess_rel"] * c["objective_lower"] + c["storage_floor_upper"]
+    # layer S + 1 reads x = h_S (J(W★) ≈ 0: only the float32 allowance covers it); the last layer, far inside
+    assert certs[1]["excess_rel_upper"] < 1e-8, certs[1]
+    record(NUMERIC + ("KvaLean.ridge_err_le_residual", "KvaLean.ridge_gap"), 2)
     tally.example(2)

@@ -573,3 +573,211 @@ def export_lean_certificate(instances: Sequence[ExactInstance], path: str | Path
                                f"{max_bytes:,}: export fewer or smaller instances (their rationals' digits count "
                                "too), or raise max_bytes")
     return atomic_write(path, data)
+
+
+# --------------------------------------------------------------------------------------------------
+# rigorous certificates (ball arithmetic)
+# --------------------------------------------------------------------------------------------------
+
+#: Working precision (bits) of the ball arithmetic in :func:`rigorous_certificate`.
+ARB_PREC = 128
+
+
+def _arb_mat(t: Tensor):
+    """``t`` (float64) as a flint ``arb_mat`` of exact balls (every float64 is a dyadic rational)."""
+    from flint import arb_mat
+
+    return arb_mat(t.detach().to(F64).cpu().tolist())
+
+
+def _sum_sq(m):
+    """A ball holding ``Σ m_ij²`` (the squared Frobenius norm) of an ``arb_mat``."""
+    from flint import arb
+
+    s = arb(0)
+    for v in m.entries():
+        s += v * v
+    return s
+
+
+def _sum_prod(a, b):
+    """A ball holding ``Σ a_ij b_ij`` (``⟨a, b⟩``) of two ``arb_mat`` of one shape."""
+    from flint import arb
+
+    s = arb(0)
+    for u, v in zip(a.entries(), b.entries()):
+        s += u * v
+    return s
+
+
+def _upper(x) -> float:
+    """A float at least every point of the ball ``x`` (for reports; decisions compare balls)."""
+    from flint import arb
+
+    u = x.mid() + x.rad()
+    f = float(u)
+    while not arb(f) >= u:
+        f = math.nextafter(f, math.inf)
+    return f
+
+
+def _lower(x) -> float:
+    """A float at most every point of the ball ``x``."""
+    from flint import arb
+
+    lo = x.mid() - x.rad()
+    f = float(lo)
+    while not arb(f) <= lo:
+        f = math.nextafter(f, -math.inf)
+    return f
+
+
+@one_thread()
+def rigorous_certificate(stats: RidgeStats, index: int, weight: Tensor, lam: float, *, layer: int | None = None,
+                         max_excess_rel: float = MAX_EXCESS_REL) -> dict:
+    """A rigorous certificate of one late layer's stored map, in ball arithmetic (python-flint ``arb_mat``,
+    :data:`ARB_PREC` bits): every number below is an enclosure, not a float estimate.
+
+    The ridge problem certified is the one the solve read: the objective
+    ``J(W) = ⟨W, G W⟩ − 2⟨W, B⟩ + Σ‖x − x̄‖² + λ‖W − W₀‖²`` with ``G``, ``B`` the float64 centred statistics of
+    :meth:`RidgeStats.centred` (with :func:`as_solved`'s context scaling), ``λ`` the float64 stored, prior
+    ``W₀`` = ``I`` (``[I; 0]`` for context maps). Each float64 is an exact rational; ``J`` reads only the
+    symmetric part of ``G`` (the float64 centring leaves it asymmetric in the last bits), so
+    ``A = ½(G + Gᵀ) + λI`` and ``B + λW₀`` are exact balls. For the stored map ``W_s`` (float32, exact in the balls):
+
+    1. ``μ``: a float Cholesky ``L`` of ``A − σI`` and the ball enclosure of ``E = A − σI − LLᵀ`` give
+       ``λ_min(A) ≥ σ − ‖E‖_F =: μ`` (``LLᵀ ⪰ 0``); ``μ > 0`` must hold certainly.
+    2. ``R_s = A W_s − (B + λW₀)`` enclosed entrywise; ``‖R_s‖_F`` upper bound ``r``. By
+       **``KvaLean.ridge_err_le_residual``** (column by column, ``μ²‖w − w★‖² ≤ ‖R‖²``, summed over the
+       output columns): ``‖W_s − W★‖_F ≤ r / μ``, with ``W★`` the exact minimiser.
+    3. The objective gap, by the gap identity **``KvaLean.ridge_gap``** (``J(W) − J(W★) = ‖W − W★‖²_A``)
+       and the triangle inequality in the ``A``-norm through the float64 solve ``W_64`` (any point would do;
+       it is not trusted): ``J(W_s) − J(W★) ≤ (‖D‖_A + ‖W_64 − W★‖_A)²`` with ``D = W_s − W_64``,
+       ``‖D‖²_A = ⟨D, A D⟩`` enclosed, and ``‖W_64 − W★‖²_A = ⟨W_64 − W★, R_64⟩ ≤ ‖R_64‖²_F / μ``
+       (Cauchy–Schwarz and ``ridge_err_le_residual`` for ``W_64``).
+
+    The criterion (``passed``): ``μ > 0`` and the gap bound at most ``max_excess_rel · J(W_s)`` (the lower
+    end of ``J``'s ball) plus the float32 storage allowance ``‖A‖_F (2⁻²³ ‖W_64‖_F)²`` (what rounding ``W★``
+    to float32 alone may cost), all compared as balls. Not certified: the rounding in forming the centred ``G``, ``B`` from the saved sums (the certificate
+    is about the problem with those float64 matrices, the one the solve used).
+
+    Returns:
+        A JSON-able dict of float upper (``*_upper``) and lower (``*_lower``) ends and ``passed``.
+    """
+    from flint import arb, ctx
+
+    from .errors import SingularGramError
+    from .ridge import default_prior, solve_ridge
+
+    old_prec = ctx.prec
+    ctx.prec = ARB_PREC
+    try:
+        f = stats.features
+        gram, cross, sxx = stats.centred(index)
+        w = weight.detach().to(F64).cpu()
+        if stats.targets != "inputs" or tuple(w.shape) != (f, stats.hidden):
+            raise InputError(f"weight must be [{f}, {stats.hidden}] for these statistics (layer-input maps); got "
+                             f"{tuple(w.shape)} for {stats.targets!r} targets")
+        prior = default_prior(stats)
+        eye = torch.eye(f, dtype=F64)
+        lam_b = arb(float(lam))
+        # the centring rounds G's two triangles in different orders, so the float64 G is not exactly symmetric;
+        # the objective reads only its symmetric part (⟨W, G W⟩ = ⟨W, ½(G + Gᵀ) W⟩), which is the A certified
+        a = (_arb_mat(gram) + _arb_mat(gram.T)) * arb(0.5)
+        for i in range(f):
+            a[i, i] += lam_b
+        rhs = _arb_mat(cross) + _arb_mat(prior) * lam_b
+        # 1. a certified lower bound on the spectrum of A
+        evals = torch.linalg.eigvalsh(gram + lam * eye)
+        sigma = 0.5 * float(evals[0]) if float(evals[0]) > 0 else 0.0
+        factor, info = torch.linalg.cholesky_ex(gram + (lam - sigma) * eye)
+        if info.item() != 0 or not sigma > 0:
+            mu = arb(0)
+            eps_up = math.inf
+        else:
+            lf = _arb_mat(factor)
+            e = a - lf * lf.transpose()
+            for i in range(f):
+                e[i, i] -= arb(sigma)
+            eps = _sum_sq(e).sqrt()
+            eps_up = _upper(eps)
+            mu = arb(sigma) - eps
+        mu_ok = bool(mu > 0)
+        # 2. the stored map's residual
+        ws = _arb_mat(w)
+        aws = a * ws
+        res_s = aws - rhs
+        r_s = _sum_sq(res_s).sqrt()
+        # 3. the gap, through the float64 solve
+        try:
+            w64 = solve_ridge(gram, cross, lam, prior)
+        except SingularGramError:
+            w64 = w
+        w64_b = _arb_mat(w64)
+        d_ = ws - w64_b
+        ad = a * d_
+        res_64 = aws - ad - rhs  # A W_64 − (B + λW₀)
+        r_64sq = _sum_sq(res_64)
+        dad = _sum_prod(d_, ad)
+        if mu_ok:
+            # ⟨D, A D⟩ ≥ 0 as A ⪰ μI: its ball's upper end (a float, exact as a ball) bounds it
+            gap = (arb(max(_upper(dad), 0.0)).sqrt() + (r_64sq / mu).sqrt()) ** 2
+            err = r_s / mu
+        else:
+            gap = err = None
+        # J(W_s) = ⟨W, G W⟩ − 2⟨W, B⟩ + Σ‖x − x̄‖² + λ‖W − W₀‖², with G W = A W − λ W
+        w0 = _arb_mat(prior)
+        objective = (_sum_prod(ws, aws) - lam_b * _sum_sq(ws) - 2 * _sum_prod(ws, _arb_mat(cross))
+                     + arb(float(sxx)) + lam_b * _sum_sq(ws - w0))
+        a_fro = _sum_sq(a).sqrt()
+        floor = a_fro * (arb(2.0 ** -23) * _sum_sq(w64_b).sqrt()) ** 2
+        passed = bool(mu_ok and gap is not None and gap <= arb(max_excess_rel) * objective + floor)
+        cert = {
+            "layer": layer, "index": index, "features": f, "lambda": float(lam), "precision_bits": ARB_PREC,
+            "sigma": sigma, "cholesky_error_fro_upper": eps_up,
+            "reg_eig_lower": _lower(mu) if mu_ok else 0.0,
+            "residual_fro_upper": _upper(r_s), "residual_fro_lower": _lower(r_s),
+            "residual64_fro_upper": _upper(r_64sq.sqrt()),
+            "storage_a_norm_upper": math.sqrt(max(_upper(dad), 0.0)) * (1 + 2 * EPS),
+            "weight_error_bound": _upper(err) if err is not None else math.inf,
+            "excess_bound": _upper(gap) if gap is not None else math.inf,
+            "objective_lower": _lower(objective), "objective_upper": _upper(objective),
+            "storage_floor_upper": _upper(floor), "max_excess_rel": max_excess_rel, "passed": passed,
+        }
+        obj_lo = cert["objective_lower"]
+        cert["excess_rel_upper"] = cert["excess_bound"] / obj_lo if obj_lo > 0 else math.inf
+        return cert
+    finally:
+        ctx.prec = old_prec
+
+
+def rigorous_failures(cert: dict) -> list[str]:
+    """What a :func:`rigorous_certificate` fails, in words (empty when it passed)."""
+    if cert["passed"]:
+        return []
+    if not cert["reg_eig_lower"] > 0:
+        return [f"the ball enclosure gives no positive lower bound on the spectrum of G + λI (Cholesky shift σ = "
+                f"{cert['sigma']:.3e}, error ‖E‖_F ≤ {cert['cholesky_error_fro_upper']:.3e}): the minimiser is not "
+                "certified unique; refit with a larger λ (`ridgefill calibrate --lam`)"]
+    return [f"the certified objective gap J(W) − J(W★) ≤ {cert['excess_bound']:.3e} is more than "
+            f"{cert['max_excess_rel']:g} of J(W) ≥ {cert['objective_lower']:.6e} plus the float32 storage allowance "
+            f"{cert['storage_floor_upper']:.1e} (‖R‖_F ≤ {cert['residual_fro_upper']:.3e}): the stored map is not the "
+            "ridge solve of these statistics; recalibrate with `ridgefill calibrate`"]
+
+
+def rigorous_certify_maps(maps_path: str | Path, *, stats_file: str | Path | None = None,
+                          max_excess_rel: float = MAX_EXCESS_REL, layers: Sequence[int] | None = None) -> list[dict]:
+    """:func:`rigorous_certificate` of every late layer (or the late-layer indices ``layers``) of the maps at
+    ``maps_path``, with the same file checks as :func:`certify_maps`."""
+    maps_path = Path(maps_path)
+    maps = load_maps(maps_path)
+    stats, smeta = load_stats(stats_file or stats_path(maps_path))
+    digest = maps_digest(maps.weights, maps.biases)
+    if smeta.get("maps_sha256") != digest or stats.layers != len(maps.lambdas):
+        raise CertificateError(
+            f"the statistics file was written for other maps (maps hash {smeta.get('maps_sha256')}, these "
+            f"maps {digest}); recalibrate with `ridgefill calibrate`, which writes both together")
+    solved, weights = as_solved(stats, maps)
+    chosen = range(len(maps.lambdas)) if layers is None else layers
+    return [rigorous_certificate(solved, i, weights[i], maps.lambdas[i], layer=maps.split + 1 + i,
+                                 max_excess_rel=max_excess_rel) for i in chosen]
