@@ -277,6 +277,19 @@ def check_certificate(cert: dict | ExactInstance, stats: RidgeStats | None = Non
     return CertificateCheck(layer, not fail, fail)
 
 
+def _maps_and_stats(maps_path: Path, stats_file: str | Path | None):
+    """The maps at ``maps_path`` and the statistics they were solved from (``stats_file``, default beside
+    them). Raises :class:`CertificateError` when the statistics belong to other maps."""
+    maps = load_maps(maps_path)
+    stats, smeta = load_stats(stats_file or stats_path(maps_path))
+    digest = maps_digest(maps.weights, maps.biases)
+    if smeta.get("maps_sha256") != digest or stats.layers != len(maps.lambdas):
+        raise CertificateError(
+            f"the statistics file was written for other maps (maps hash {smeta.get('maps_sha256')}, these "
+            f"maps {digest}); recalibrate with `ridgefill calibrate`, which writes both together")
+    return maps, stats
+
+
 def certify_maps(maps_path: str | Path, out_dir: str | Path | None = None, *, stats_file: str | Path | None = None,
                  max_excess_rel: float = MAX_EXCESS_REL) -> list[Path]:
     """Write one certificate per late layer of the maps at ``maps_path``.
@@ -294,17 +307,11 @@ def certify_maps(maps_path: str | Path, out_dir: str | Path | None = None, *, st
         CertificateError: the statistics belong to other maps.
     """
     maps_path = Path(maps_path)
-    maps = load_maps(maps_path)
-    stats, smeta = load_stats(stats_file or stats_path(maps_path))
-    digest = maps_digest(maps.weights, maps.biases)
-    if smeta.get("maps_sha256") != digest or stats.layers != len(maps.lambdas):
-        raise CertificateError(
-            f"the statistics file was written for other maps (maps hash {smeta.get('maps_sha256')}, these "
-            f"maps {digest}); recalibrate with `ridgefill calibrate`, which writes both together")
+    maps, stats = _maps_and_stats(maps_path, stats_file)
     if out_dir is None:
         name = maps_path.name.removesuffix(".safetensors")
         out_dir = maps_path.with_name(name + ".certs")
-    prov = {"split": maps.split, "maps_sha256": digest, "model_name": maps.meta.get("model_name"),
+    prov = {"split": maps.split, "maps_sha256": maps_digest(maps.weights, maps.biases), "model_name": maps.meta.get("model_name"),
             "model_hash": maps.meta.get("model_hash"), "text_sha256": maps.meta.get("text_sha256"),
             **({"context_penalty": maps.context_penalty} if maps.context else {})}
     paths = []
@@ -770,13 +777,7 @@ def rigorous_certify_maps(maps_path: str | Path, *, stats_file: str | Path | Non
     """:func:`rigorous_certificate` of every late layer (or the late-layer indices ``layers``) of the maps at
     ``maps_path``, with the same file checks as :func:`certify_maps`."""
     maps_path = Path(maps_path)
-    maps = load_maps(maps_path)
-    stats, smeta = load_stats(stats_file or stats_path(maps_path))
-    digest = maps_digest(maps.weights, maps.biases)
-    if smeta.get("maps_sha256") != digest or stats.layers != len(maps.lambdas):
-        raise CertificateError(
-            f"the statistics file was written for other maps (maps hash {smeta.get('maps_sha256')}, these "
-            f"maps {digest}); recalibrate with `ridgefill calibrate`, which writes both together")
+    maps, stats = _maps_and_stats(maps_path, stats_file)
     solved, weights = as_solved(stats, maps)
     chosen = range(len(maps.lambdas)) if layers is None else layers
     return [rigorous_certificate(solved, i, weights[i], maps.lambdas[i], layer=maps.split + 1 + i,
