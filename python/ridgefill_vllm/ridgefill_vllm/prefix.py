@@ -52,14 +52,14 @@ def set_engine_fill(model_config) -> None:
     """Record the fill the engine serves (from ``hf_config.ridgefill``), or ``None`` without maps."""
     global _ENGINE_FILL
     from . import serves_fill
+    from .selection import DEFAULT_SELECT, selection_off
 
     if not serves_fill(model_config):
         _ENGINE_FILL = None
         return
     cfg = model_config.hf_config.ridgefill
     tail = cfg.get("tail", DEFAULT_TAIL)
-    select = cfg.get("select", "on")
-    selects = not (isinstance(select, str) and select.strip() in ("off", "none", ""))
+    selects = not selection_off(cfg.get("select", DEFAULT_SELECT))
     _ENGINE_FILL = (maps_identity(str(cfg["maps"])), tail, selects) if isinstance(tail, int) else None
 
 

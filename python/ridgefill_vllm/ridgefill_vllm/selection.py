@@ -36,6 +36,11 @@ from .errors import InputError
 DEFAULT_SELECT = "on"
 
 
+def selection_off(value) -> bool:
+    """Whether a ``select`` setting is the plain fill (``"off"``, ``"none"`` or empty)."""
+    return isinstance(value, str) and value.strip() in ("off", "none", "")
+
+
 def parse_select(value):
     """The selection of the maps config's ``select`` entry (a spec string as on ``ridgefill``'s command
     line: ``"on"``, ``"off"``, ``"attention"``, ``"ngram"`` or ``key=value`` parts joined by ``+``), as a
@@ -47,7 +52,7 @@ def parse_select(value):
     """
     if not isinstance(value, str):
         raise InputError(f"ridgefill select={value!r} must be a spec string such as 'on' (the default) or 'off'")
-    if value.strip() in ("off", "none", ""):
+    if selection_off(value):
         return None
     try:
         from ridgefill.errors import InputError as RidgeFillInputError
