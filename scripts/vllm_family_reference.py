@@ -3,9 +3,9 @@
 Runs in the project's main environment (``transformers`` 5.24), not in the vLLM one. For each dense family
 (``qwen2``, ``qwen3``, ``qwen3_moe``, ``mistral``, ``phi3``, ``gemma3_text``) it
 
-1. builds a tiny random model from a ``transformers`` config (float32; 4 layers, hidden 64, 4 heads, 2 KV
-   heads, vocabulary 512; random norm weights and biases, weights drawn at std 0.1 so that the logits are
-   not near-uniform; Gemma 3 with sliding-window layers 0 and 2, window 48) and saves it with the bundled
+1. builds a tiny random model from a ``transformers`` config (float32; 4 layers, hidden 128, 4 heads of 32
+   (vLLM's CPU attention needs a head size of at least 32), 2 KV heads, vocabulary 512; random norm weights and biases, weights drawn at std 0.1 and the LM head scaled by 8 so that the
+   logits are not near-uniform; Gemma 3 with sliding-window layers 0 and 2, window 48) and saves it with the bundled
    model's tokenizer files (vLLM loads a tokenizer; the prompts are token ids below 256),
 2. fits context maps at split ``--split`` (``ridgefill.calibration.calibrate``, one token per byte of the
    calibration novels, 2,048 tokens),
@@ -37,10 +37,12 @@ from ridgefill.data.models import fetch_default_model
 from ridgefill.data.texts import CALIBRATION_BOOKS, EVALUATION_BOOKS, load_texts
 from ridgefill.fileio import atomic_write
 
-VOCAB, HIDDEN, LAYERS = 512, 64, 4
+VOCAB, HIDDEN, LAYERS = 512, 128, 4
 COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
               pad_token_id=0, eos_token_id=1, bos_token_id=2, initializer_range=0.1)
+#: the LM head is scaled by this so that the logits are not near-uniform (greedy steps have clear winners)
+LOGIT_SCALE = 8.0
 
 
 def _configs():
@@ -48,14 +50,14 @@ def _configs():
 
     return {
         "qwen2": ("Qwen2ForCausalLM", lambda: tf.Qwen2Config(**COMMON)),
-        "qwen3": ("Qwen3ForCausalLM", lambda: tf.Qwen3Config(**COMMON, head_dim=16)),
-        "qwen3_moe": ("Qwen3MoeForCausalLM", lambda: tf.Qwen3MoeConfig(**COMMON, head_dim=16, num_experts=4,
+        "qwen3": ("Qwen3ForCausalLM", lambda: tf.Qwen3Config(**COMMON, head_dim=32)),
+        "qwen3_moe": ("Qwen3MoeForCausalLM", lambda: tf.Qwen3MoeConfig(**COMMON, head_dim=32, num_experts=4,
                                                                        num_experts_per_tok=2,
-                                                                       moe_intermediate_size=32)),
+                                                                       moe_intermediate_size=64)),
         "mistral": ("MistralForCausalLM", lambda: tf.MistralConfig(**COMMON, sliding_window=None)),
         "phi3": ("Phi3ForCausalLM", lambda: tf.Phi3Config(**COMMON)),
         "gemma3_text": ("Gemma3ForCausalLM", lambda: tf.Gemma3TextConfig(
-            **COMMON, head_dim=16, sliding_window=48, query_pre_attn_scalar=24,
+            **COMMON, head_dim=32, sliding_window=48, query_pre_attn_scalar=24,
             layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
     }
 
@@ -79,6 +81,7 @@ def build(name: str, arch: str, make_config):
                 p.copy_((1 + 0.3 * torch.randn_like(p)) if name != "gemma3_text" else 0.3 * torch.randn_like(p))
             elif pname.endswith(".bias"):
                 p.normal_(0.0, 0.5)
+        model.lm_head.weight.mul_(LOGIT_SCALE)
     return model
 
 

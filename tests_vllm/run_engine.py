@@ -8,7 +8,8 @@ token ids), ``gen_tokens``, ``top``, ``engine`` (extra ``vllm.LLM`` arguments) a
 instead of in one call) and ``needles`` (more prompts, answered greedily after the others, as text). ``OUT`` gets the KV block size and, per prompt, the greedy continuation, the first
 token's top log-probabilities and the prompt tokens found in the prefix cache, the needle answers, and, with
 ``try_prompt_logprobs``, the error a prompt-logprobs request raised (or ``null``). A spec ``{"runs": [SPEC, ...]}``
-runs several engines one after another in this process (vLLM is imported once) and writes ``{"runs": [OUT, ...]}``.
+runs several engines one after another, each with its engine core in this process (vLLM is imported once), and
+writes ``{"runs": [OUT, ...]}``.
 """
 
 import gc
@@ -21,6 +22,7 @@ def main(spec_path: str, out_path: str) -> None:
     spec = json.load(open(spec_path))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if "runs" in spec:  # several engines, one after another in this process: {"runs": [SPEC, ...]}
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # each engine's core in this process: vLLM imported once
         result = {"runs": []}
         for sub in spec["runs"]:
             result["runs"].append(run(sub))

@@ -73,13 +73,13 @@ def _assert_close(got: dict, want: dict, tol: float, what: str):
 def test_fill_equals_reference(name, family_reference, family_runs):
     """The plugin's first-token log-probabilities equal ``ridgefill.prefill``'s (mode ridge, the same maps and
     tail) within 5e-4, and the greedy tokens are equal, on both filled prompts; the greedy steps' top-2 logit
-    gap in the reference is above 100x that tolerance (the equality of greedy tokens is not a near-tie's luck)."""
+    gap in the reference is above 20x that tolerance (the equality of greedy tokens is not a near-tie's luck)."""
     ref = family_reference["families"][name]["prompts"]
     got = family_runs[name]["fill"]["prompts"]
     for i in (0, 1):
         _assert_close(got[i], ref[i]["fill"], TOL_REF, f"{name} prompt {i}")
         assert got[i]["greedy"] == ref[i]["fill"]["greedy"], (name, i)
-        assert ref[i]["fill"]["margin"] > 100 * TOL_REF, (name, i, ref[i]["fill"]["margin"])
+        assert ref[i]["fill"]["margin"] > 20 * TOL_REF, (name, i, ref[i]["fill"]["margin"])
 
 
 @pytest.mark.parametrize("name", FAMILIES)

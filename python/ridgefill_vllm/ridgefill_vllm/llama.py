@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from collections.abc import Iterable
 from itertools import islice
 
@@ -466,19 +467,31 @@ class FillCausalLM:
         if getattr(body, "fill_maps", None) is None:
             return super().load_weights(weights)
         sample: list[float] = []
+        fused: list[float] = []  # the same, with each MoE layer's experts as transformers 5 holds them
         tied = getattr(self.config, "tie_word_embeddings", False)
 
         def sampled(items):
             for name, t in items:
                 if "rotary_emb.inv_freq" not in name and not (tied and name.startswith("lm_head.")):
-                    sample.extend(t.detach().flatten()[:SAMPLE_VALUES].to(device="cpu", dtype=torch.float64).tolist())
+                    values = t.detach().flatten()[:SAMPLE_VALUES].to(device="cpu", dtype=torch.float64).tolist()
+                    sample.extend(values)
+                    expert = _EXPERT.search(name)
+                    if expert is None or (expert[1] == "0" and expert[2] != "up_proj"):
+                        fused.extend(values)
                 yield name, t
 
         loaded = super().load_weights(sampled(weights))
-        body.fill_maps.check_weight_sample(sample, body.embed_tokens.weight.dtype)
+        want = len(body.fill_maps.meta.get("weight_sample") or [])
+        body.fill_maps.check_weight_sample(fused if len(sample) != want == len(fused) else sample,
+                                           body.embed_tokens.weight.dtype)
         body.capture_kv_weights()
         return loaded
 
+
+#: A checkpoint's per-expert MoE weight (``...mlp.experts.<e>.<gate_proj|up_proj|down_proj>.weight``). Maps fitted
+#: with ``transformers`` 5 sample each MoE layer's fused ``gate_up_proj`` ``[E, 2I, d]`` and ``down_proj``
+#: ``[E, d, I]``, whose first values are expert 0's ``gate_proj`` and ``down_proj`` rows.
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 #: vLLM's ``LlamaModel`` with the fill (the class a Llama body gets from :func:`attach_fill`).
 RidgeFillLlamaModel = _fill_class(LlamaModel)
