@@ -23,6 +23,8 @@ GEN, TOP = 8, 10
 #: fill against the reference: float32 rounding of two implementations of the same arithmetic (as the Llama
 #: test); the all-exact prompt against vLLM's own class: the same kernels, another batch
 TOL_REF, TOL_OWN = 5e-4, 5e-5
+#: the late layers' sliding windows (S = 1: layers 2 and 3; Gemma 3's layer 2 slides, window 48), None: full
+WINDOWS = {"gemma3_text": [48, None]}
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +100,16 @@ def test_tail_covering_the_prompt_equals_vllm_own_class(name, family_reference, 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_fill_ran_and_differs_from_exact(name, family_reference, family_runs):
     """The RidgeFill engine filled every row before each long prompt's tail (its step log), in chunks of at most
-    128 tokens, and its first-token log-probabilities differ from the exact model's by more than 20x the
+    128 tokens, writing in Gemma 3's sliding layer only the rows its exact rows see, and its first-token log-probabilities differ from the exact model's by more than 20x the
     reference tolerance (an engine that silently ran exact would fail the reference test above)."""
     tail = family_reference["tail"]
     lens = [len(p["ids"]) for p in family_reference["families"][name]["prompts"]]
     steps = family_runs[name]["steps"]
     assert sum(s["filled"] for s in steps) == sum(n - tail for n in lens if n > tail)
+    # each late layer wrote every filled row, or in a sliding layer (window w) the w - 1 before each tail
+    written = [sum(s["written"][j] for s in steps) for j in range(2)]
+    assert written == [sum(min(w - 1, n - tail) if w else n - tail for n in lens if n > tail)
+                       for w in WINDOWS.get(name, [None, None])]
     assert max(sum(s["query_lens"]) for s in steps) <= 128 and sum(s["carried"] for s in steps) >= 1
     moved = 0.0
     for mine, own in zip(family_runs[name]["fill"]["prompts"][:2], family_runs[name]["own"]["prompts"][:2]):

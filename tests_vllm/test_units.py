@@ -264,6 +264,24 @@ def test_family_engine_checks():
             check_engine(_engine(**change), family)
 
 
+def test_sliding_layers_write_only_the_filled_rows_an_exact_row_sees():
+    """In a layer with window ``w`` a filled row at ``p`` gets K/V only if an exact row ``q`` (the last ``tail``
+    positions of its prompt) sees it, ``q − w < p ≤ q`` (checked by brute force); full layers write every row.
+    Two requests: the first's chunk of positions 100-267 of 300, the second's whole filled part 0-167 of 200."""
+    tail = 32
+    plan = SimpleNamespace(num_prompt=torch.tensor([300, 200]), num_filled=torch.tensor([168, 168]))
+    pos_f = torch.cat([torch.arange(100, 268), torch.arange(0, 168)])
+    model = SimpleNamespace(_windows=[48, None, 16], tail=tail)
+    seen = FillModel._seen_filled(model, plan, pos_f)
+    assert seen(None) is None
+    for w in (48, 16):
+        want = [any(q - w < p <= q for q in range(n - tail, n)) for p, n in
+                zip(pos_f.tolist(), [300] * 168 + [200] * 168)]
+        assert seen(w).tolist() == want
+    assert int(seen(48).sum()) == (267 - 220) + (167 - 120)
+    assert FillModel._seen_filled(SimpleNamespace(_windows=[None], tail=tail), plan, pos_f)(None) is None
+
+
 def test_maps_need_a_ridgefill_class_of_the_checkpoints_family():
     """Maps given with vLLM's own class, or with an architecture without a RidgeFill class, are refused at model
     load (vLLM would ignore them); a RidgeFill class of another family is refused by the model body; row

@@ -65,9 +65,10 @@ from .selection import (DEFAULT_SELECT, ChosenRows, ScoringModel, SplitStates, i
 logger = init_logger(__name__)
 
 #: Environment variable naming a file to which each step with filled tokens appends one JSON line
-#: (``{"query_lens": [...], "filled": F, "exact": E, "num_filled": [...], "num_computed": [...], "carried": C}``):
-#: how vLLM batched the requests, where each request's scheduled tokens start, and how many chunks read a
-#: carried split state (tests, debugging).
+#: (``{"query_lens": [...], "filled": F, "exact": E, "num_filled": [...], "num_computed": [...], "carried": C,
+#: "written": [...]}``): how vLLM batched the requests, where each request's scheduled tokens start, how many
+#: chunks read a carried split state, and how many filled tokens each late layer wrote (fewer in sliding-window
+#: layers) (tests, debugging).
 STEP_LOG_ENV = "RIDGEFILL_VLLM_STEP_LOG"
 
 
@@ -181,6 +182,8 @@ class FillModel:
         self._scoring: ScoringModel | None = None
         self.late = list(range(self.split + 1, self.config.num_hidden_layers))
         self.late_names = [family.attention(self.layers[i]).attn.layer_name for i in self.late]
+        # each late layer's sliding window (None: full attention): the filled rows no exact row sees get no K/V
+        self._windows = [getattr(family.attention(self.layers[i]).attn, "sliding_window", None) for i in self.late]
         for i in self.late:
             attn = family.attention(self.layers[i]).attn
             if attn.attn_backend.forward_includes_kv_cache_update:
@@ -242,6 +245,26 @@ class FillModel:
         metadata = get_forward_context().attn_metadata
         return [getattr(metadata.get(name), "ridgefill_plan", None) or plan for name in self.late_names]
 
+    def _seen_filled(self, plan, pos_f: torch.Tensor):
+        """A function of a layer's sliding window ``w`` (``None``: full attention) giving the mask ``[F]`` of the
+        filled tokens some exact row of their request sees in that layer (``None``: all of them). The exact rows
+        of a prompt of ``P`` tokens are positions ``≥ P − tail``, and the row at ``q`` sees keys in
+        ``(q − w, q]``, so a filled row at ``p`` is seen when ``p > P − tail − w`` (as the reference's
+        ``needed_filled_rows``)."""
+        if plan.num_prompt is None or not any(w for w in self._windows):
+            return lambda w: None
+        prompt = torch.repeat_interleave(plan.num_prompt[:plan.num_filled.numel()], plan.num_filled).to(pos_f.device)
+        masks: dict[int, torch.Tensor] = {}
+
+        def seen(w):
+            if not w:
+                return None
+            if w not in masks:
+                masks[w] = pos_f > prompt - self.tail - w
+            return masks[w]
+
+        return seen
+
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
         plan = self._plan()
         if plan is None:
@@ -252,12 +275,14 @@ class FillModel:
             hidden, residual = layer(positions, hidden, residual)
         if not self._kv:
             self.capture_kv_weights()
+        seen = self._seen_filled(plan, positions[plan.filled])
         if os.environ.get(STEP_LOG_ENV):
+            written = [plan.filled.numel() if m is None else int(m.sum()) for m in map(seen, self._windows)]
             with open(os.environ[STEP_LOG_ENV], "a") as f:
                 f.write(json.dumps({"query_lens": plan.query_lens.tolist(), "filled": plan.filled.numel(),
                                     "exact": plan.exact.numel(), "num_filled": plan.num_filled.tolist(),
                                     "num_computed": plan.num_computed.tolist(),
-                                    "carried": len(plan.carry_in)}) + "\n")
+                                    "carried": len(plan.carry_in), "written": written}) + "\n")
         h = hidden + residual if residual is not None else hidden  # h_S, the input of layer S+1: [tokens, d]
         ctx = get_forward_context()
         if self.selection is not None:  # every scheduled token's h_S, by slot: selection may rerun its row later
@@ -294,7 +319,11 @@ class FillModel:
                 slots[name] = p.exact_slots
             has_exact = plan.exact.numel() > 0  # a chunk of filled tokens only runs no late layer in full
             for j, i in enumerate(self.late):
-                self._write_filled(j, h_f, pos_f, plans[j].filled_slots)
+                keep = seen(self._windows[j])
+                if keep is None:
+                    self._write_filled(j, h_f, pos_f, plans[j].filled_slots)
+                else:
+                    self._write_filled(j, h_f[keep], pos_f[keep], plans[j].filled_slots[keep])
                 if has_exact:
                     x, residual = self.layers[i](pos_e, x, residual)
         finally:
