@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import save_file
 
 from ridgefill_vllm.errors import InputError, MapsFormatError, MapsMismatchError
-from ridgefill_vllm import check_architecture
-from ridgefill_vllm.adapters import GEMMA3, MISTRAL, PHI3, QWEN2, QWEN3
+from ridgefill_vllm import ARCHITECTURES, check_architecture
+from ridgefill_vllm.adapters import FAMILIES, GEMMA3, MISTRAL, PHI3, QWEN2, QWEN3
 from ridgefill_vllm.llama import DEFAULT_TAIL, FillModel, attach_fill, check_engine, fill_settings
 from ridgefill_vllm.maps import load_fill_maps
 from ridgefill_vllm.plan import make_plan, subset_metadata
@@ -289,6 +289,7 @@ def test_maps_need_a_ridgefill_class_of_the_checkpoints_family():
     def config(archs, ridgefill):
         return SimpleNamespace(hf_config=SimpleNamespace(architectures=archs, ridgefill=ridgefill))
 
+    assert sorted(f.architecture for f in FAMILIES) == sorted(ARCHITECTURES)  # one registered class per family
     check_architecture(config(["Qwen2ForCausalLM"], None))  # no maps: vLLM's own model
     check_architecture(config(["RidgeFillQwen2ForCausalLM"], {"maps": "m.safetensors"}))
     with pytest.raises(InputError, match='"architectures": \\["RidgeFillQwen2ForCausalLM"\\]'):
@@ -297,7 +298,7 @@ def test_maps_need_a_ridgefill_class_of_the_checkpoints_family():
         check_architecture(config(["GPTNeoXForCausalLM"], {"maps": "m.safetensors"}))
     body = SimpleNamespace(config=SimpleNamespace(ridgefill={"maps": "m.safetensors"}, model_type="llama",
                                                   architectures=["RidgeFillQwen3ForCausalLM"]))
-    with pytest.raises(InputError, match="model_type is 'llama'"):
+    with pytest.raises(InputError, match="model_type is 'llama'.*select RidgeFillLlamaForCausalLM"):
         attach_fill(body, _engine(), QWEN3)
     body = SimpleNamespace(config=SimpleNamespace(ridgefill={"maps": "missing.safetensors", "select": "on"}))
     with pytest.raises(InputError, match="row selection is not served for mistral"):

@@ -36,12 +36,14 @@ class Family:
 
     Attributes:
         name: the family's name in messages.
+        architecture: the family's RidgeFill class (its register name).
         model_types: the checkpoints' ``config.model_type`` values the family serves.
         selection: whether row selection (``select`` other than ``off``) is served.
         sliding_windows: whether sliding-window layers are served.
     """
 
     name = "llama"
+    architecture = "RidgeFillLlamaForCausalLM"
     model_types: tuple[str, ...] = ("llama",)
     selection = True
     sliding_windows = False
@@ -81,6 +83,7 @@ class QKNormFamily(Family):
 
 class MistralFamily(Family):
     name, model_types, selection = "mistral", ("mistral",), False
+    architecture = "RidgeFillMistralForCausalLM"
 
     def check(self, vllm_config) -> list[str]:
         if getattr(vllm_config.model_config.hf_config, "ada_rms_norm_t_cond", False):
@@ -91,6 +94,7 @@ class MistralFamily(Family):
 
 class Phi3Family(Family):
     name, model_types, selection = "phi3", ("phi3",), False
+    architecture = "RidgeFillPhi3ForCausalLM"
 
     def check(self, vllm_config) -> list[str]:
         cfg = vllm_config.model_config.hf_config
@@ -104,6 +108,7 @@ class Phi3Family(Family):
 
 class Qwen2Family(Family):
     name, model_types, selection = "qwen2", ("qwen2",), False
+    architecture = "RidgeFillQwen2ForCausalLM"
 
     def keys(self, attn: nn.Module, k: Tensor) -> Tensor:
         """``k_norm`` per head where the config sets ``qk_norm`` (vLLM's ``Qwen2Attention``), else unchanged."""
@@ -122,14 +127,17 @@ class Qwen2Family(Family):
 
 class Qwen3Family(QKNormFamily, Qwen2Family):
     name, model_types, selection = "qwen3", ("qwen3",), False
+    architecture = "RidgeFillQwen3ForCausalLM"
 
 
 class Qwen3MoeFamily(Qwen3Family):
     name, model_types = "qwen3_moe", ("qwen3_moe",)
+    architecture = "RidgeFillQwen3MoeForCausalLM"
 
 
 class Gemma3Family(QKNormFamily):
     name, model_types, selection, sliding_windows = "gemma3", ("gemma3_text",), False, True
+    architecture = "RidgeFillGemma3ForCausalLM"
 
     def check(self, vllm_config) -> list[str]:
         out = []
@@ -143,3 +151,4 @@ class Gemma3Family(QKNormFamily):
 
 LLAMA, MISTRAL, PHI3 = Family(), MistralFamily(), Phi3Family()
 QWEN2, QWEN3, QWEN3_MOE, GEMMA3 = Qwen2Family(), Qwen3Family(), Qwen3MoeFamily(), Gemma3Family()
+FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, GEMMA3)

@@ -53,7 +53,7 @@ from vllm.forward_context import get_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaModel
 
-from .adapters import LLAMA, Family
+from .adapters import FAMILIES, LLAMA, Family
 from .backend import fill_backend
 from .errors import InputError
 from .maps import SAMPLE_VALUES, FillMaps, load_fill_maps
@@ -466,9 +466,11 @@ def attach_fill(model: nn.Module, vllm_config: VllmConfig, family) -> nn.Module:
         return model
     model_type = getattr(model.config, "model_type", None)
     if model_type not in family.model_types:
+        own = [f.architecture for f in FAMILIES if model_type in f.model_types]
         raise InputError(f"the checkpoint's model_type is {model_type!r}, but the architecture selects RidgeFill's "
-                         f"{family.name} class (model_type {', '.join(family.model_types)}): pick the RidgeFill class "
-                         f"of the checkpoint's own architecture ({', '.join(model.config.architectures or [])})")
+                         f"{family.name} class (model_type {', '.join(family.model_types)}): "
+                         + (f"select {own[0]}" if own else "RidgeFill has no vLLM class for this model_type "
+                            "(docs/vllm.md, support table)"))
     model.__class__ = _fill_class(type(model))
     model.do_not_compile = True  # the fill's forward branches on the step's row plan
     model.init_fill(vllm_config, family)
