@@ -7,9 +7,12 @@ token ids), ``gen_tokens``, ``top``, ``engine`` (extra ``vllm.LLM`` arguments) a
 (a file for the plugin's per-step log, or absent), ``sequential`` (send the prompts one after another
 instead of in one call) and ``needles`` (more prompts, answered greedily after the others, as text). ``OUT`` gets the KV block size and, per prompt, the greedy continuation, the first
 token's top log-probabilities and the prompt tokens found in the prefix cache, the needle answers, and, with
-``try_prompt_logprobs``, the error a prompt-logprobs request raised (or ``null``).
+``try_prompt_logprobs``, the error a prompt-logprobs request raised (or ``null``). A spec ``{"runs": [SPEC, ...]}``
+runs several engines one after another, each with its engine core in this process (vLLM is imported once), and
+writes ``{"runs": [OUT, ...]}``.
 """
 
+import gc
 import json
 import os
 import sys
@@ -18,8 +21,23 @@ import sys
 def main(spec_path: str, out_path: str) -> None:
     spec = json.load(open(spec_path))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if "runs" in spec:  # several engines, one after another in this process: {"runs": [SPEC, ...]}
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # each engine's core in this process: vLLM imported once
+        result = {"runs": []}
+        for sub in spec["runs"]:
+            result["runs"].append(run(sub))
+    else:
+        result = run(spec)
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+
+
+def run(spec: dict) -> dict:
+    """One engine on ``spec`` (module docstring); returns what :func:`main` writes for it."""
     if spec.get("step_log"):  # the plugin appends one line per step with filled tokens (its worker inherits this)
         os.environ["RIDGEFILL_VLLM_STEP_LOG"] = spec["step_log"]
+    else:
+        os.environ.pop("RIDGEFILL_VLLM_STEP_LOG", None)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -56,8 +74,10 @@ def main(spec_path: str, out_path: str) -> None:
             result["prompt_logprobs_error"] = None
         except Exception as e:  # the plugin's refusal; reported to the test, which checks its text
             result["prompt_logprobs_error"] = f"{type(e).__name__}: {e}"
-    with open(out_path, "w") as f:
-        json.dump(result, f)
+    llm.llm_engine.engine_core.shutdown()  # the next engine of this process starts on a free machine
+    del llm
+    gc.collect()
+    return result
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ import torch
 from safetensors.torch import save_file
 
 from ridgefill_vllm.errors import InputError, MapsFormatError, MapsMismatchError
-from ridgefill_vllm.llama import DEFAULT_TAIL, check_engine, fill_settings
+from ridgefill_vllm import ARCHITECTURES, check_architecture
+from ridgefill_vllm.adapters import FAMILIES, GEMMA3, MISTRAL, PHI3, QWEN2, QWEN3
+from ridgefill_vllm.llama import DEFAULT_TAIL, FillModel, attach_fill, check_engine, fill_settings
 from ridgefill_vllm.maps import load_fill_maps
 from ridgefill_vllm.plan import make_plan, subset_metadata
 from ridgefill_vllm.prefix import fill_block_key, maps_identity
@@ -243,6 +245,64 @@ def test_engine_checks():
                           ({"quant_config": object()}, "quantized")]:
         with pytest.raises(InputError, match=words):
             check_engine(_engine(**change))
+
+
+def test_family_engine_checks():
+    """What each family refuses at engine start, naming the setting to change; sliding-window layers are served
+    for Gemma 3 only."""
+    windows = SimpleNamespace(layer_types=["sliding_attention", "full_attention"])
+    check_engine(_engine(model_config__hf_config=windows), GEMMA3)
+    check_engine(_engine(), QWEN2)
+    for family, change, words in [
+            (GEMMA3, {"cache_config__enable_prefix_caching": True}, "enable_prefix_caching=False"),
+            (QWEN2, {"model_config__hf_config": windows}, "sliding-window layers"),
+            (QWEN3, {"model_config__hf_config": SimpleNamespace(is_causal=False)}, "causal attention"),
+            (QWEN2, {"model_config__hf_config": SimpleNamespace(dual_chunk_attention_config={"a": 1})}, "dual-chunk"),
+            (PHI3, {"model_config__hf_config": SimpleNamespace(rope_parameters={"rope_type": "longrope"})}, "longrope"),
+            (MISTRAL, {"model_config__hf_config": SimpleNamespace(ada_rms_norm_t_cond=True)}, "ada_rms_norm_t_cond")]:
+        with pytest.raises(InputError, match=words):
+            check_engine(_engine(**change), family)
+
+
+def test_sliding_layers_write_only_the_filled_rows_an_exact_row_sees():
+    """In a layer with window ``w`` a filled row at ``p`` gets K/V only if an exact row ``q`` (the last ``tail``
+    positions of its prompt) sees it, ``q − w < p ≤ q`` (checked by brute force); full layers write every row.
+    Two requests: the first's chunk of positions 100-267 of 300, the second's whole filled part 0-167 of 200."""
+    tail = 32
+    plan = SimpleNamespace(num_prompt=torch.tensor([300, 200]), num_filled=torch.tensor([168, 168]))
+    pos_f = torch.cat([torch.arange(100, 268), torch.arange(0, 168)])
+    model = SimpleNamespace(_windows=[48, None, 16], tail=tail)
+    seen = FillModel._seen_filled(model, plan, pos_f)
+    assert seen(None) is None
+    for w in (48, 16):
+        want = [any(q - w < p <= q for q in range(n - tail, n)) for p, n in
+                zip(pos_f.tolist(), [300] * 168 + [200] * 168)]
+        assert seen(w).tolist() == want
+    assert int(seen(48).sum()) == (267 - 220) + (167 - 120)
+    assert FillModel._seen_filled(SimpleNamespace(_windows=[None], tail=tail), plan, pos_f)(None) is None
+
+
+def test_maps_need_a_ridgefill_class_of_the_checkpoints_family():
+    """Maps given with vLLM's own class, or with an architecture without a RidgeFill class, are refused at model
+    load (vLLM would ignore them); a RidgeFill class of another family is refused by the model body; row
+    selection is refused for families other than Llama before the maps load."""
+    def config(archs, ridgefill):
+        return SimpleNamespace(hf_config=SimpleNamespace(architectures=archs, ridgefill=ridgefill))
+
+    assert sorted(f.architecture for f in FAMILIES) == sorted(ARCHITECTURES)  # one registered class per family
+    check_architecture(config(["Qwen2ForCausalLM"], None))  # no maps: vLLM's own model
+    check_architecture(config(["RidgeFillQwen2ForCausalLM"], {"maps": "m.safetensors"}))
+    with pytest.raises(InputError, match='"architectures": \\["RidgeFillQwen2ForCausalLM"\\]'):
+        check_architecture(config(["Qwen2ForCausalLM"], {"maps": "m.safetensors"}))
+    with pytest.raises(InputError, match="has no RidgeFill class"):
+        check_architecture(config(["GPTNeoXForCausalLM"], {"maps": "m.safetensors"}))
+    body = SimpleNamespace(config=SimpleNamespace(ridgefill={"maps": "m.safetensors"}, model_type="llama",
+                                                  architectures=["RidgeFillQwen3ForCausalLM"]))
+    with pytest.raises(InputError, match="model_type is 'llama'.*select RidgeFillLlamaForCausalLM"):
+        attach_fill(body, _engine(), QWEN3)
+    body = SimpleNamespace(config=SimpleNamespace(ridgefill={"maps": "missing.safetensors", "select": "on"}))
+    with pytest.raises(InputError, match="row selection is not served for mistral"):
+        FillModel.init_fill(body, _engine(), MISTRAL)
 
 
 def test_fill_block_key_says_which_rows_of_a_block_are_filled(tmp_path):

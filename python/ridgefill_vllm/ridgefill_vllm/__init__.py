@@ -1,7 +1,9 @@
 """RidgeFill as a vLLM plugin (entry point ``ridgefill`` in the ``vllm.general_plugins`` group).
 
-:func:`register` (run by vLLM in each of its processes) registers the model class
-``RidgeFillLlamaForCausalLM`` (:mod:`ridgefill_vllm.llama`) and makes the request front end refuse
+:func:`register` (run by vLLM in each of its processes) registers the model classes in
+:data:`ARCHITECTURES` (``RidgeFill<Arch>`` for vLLM's ``<Arch>``: Llama, Mistral, Phi-3, Qwen2, Qwen3,
+Qwen3-MoE, Gemma 3; :mod:`ridgefill_vllm.llama`, :mod:`ridgefill_vllm.families`), refuses at model load a
+model config with ``ridgefill`` maps whose architecture is not one of them, makes the request front end refuse
 prompt logprobs for models served with maps (filled prompt tokens have no logits), and makes the prefix
 cache's block hashes carry the fill (:mod:`ridgefill_vllm.prefix`). Select the class and the maps through
 the model config::
@@ -9,15 +11,59 @@ the model config::
     LLM(model_dir, hf_overrides={"architectures": ["RidgeFillLlamaForCausalLM"],
                                  "ridgefill": {"maps": "maps-S15.safetensors", "tail": 256}},
         enforce_eager=True)
-
-Models of other families are served by vLLM as usual (the plugin has no class for them yet).
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-ARCHITECTURES = {"RidgeFillLlamaForCausalLM": "ridgefill_vllm.llama:RidgeFillLlamaForCausalLM"}
+#: vLLM's architecture -> the RidgeFill class serving it with the fill (register name: the class name).
+SERVED = {"LlamaForCausalLM": "RidgeFillLlamaForCausalLM", "MistralForCausalLM": "RidgeFillMistralForCausalLM",
+          "Phi3ForCausalLM": "RidgeFillPhi3ForCausalLM", "Qwen2ForCausalLM": "RidgeFillQwen2ForCausalLM",
+          "Qwen3ForCausalLM": "RidgeFillQwen3ForCausalLM", "Qwen3MoeForCausalLM": "RidgeFillQwen3MoeForCausalLM",
+          "Gemma3ForCausalLM": "RidgeFillGemma3ForCausalLM"}
+#: register name -> ``module:class`` of each RidgeFill class.
+ARCHITECTURES = {name: f"ridgefill_vllm.{'llama' if name == 'RidgeFillLlamaForCausalLM' else 'families'}:{name}"
+                 for name in SERVED.values()}
+
+
+def check_architecture(model_config) -> None:
+    """Refuse a model config with ``ridgefill`` maps whose architecture is no RidgeFill class (vLLM would serve
+    it exact, ignoring the maps).
+
+    Raises:
+        ridgefill_vllm.errors.InputError: naming the RidgeFill class to select, or the served architectures.
+    """
+    from .errors import InputError
+
+    hf_config = model_config.hf_config
+    cfg = getattr(hf_config, "ridgefill", None)
+    archs = getattr(hf_config, "architectures", None) or []
+    if not isinstance(cfg, dict) or cfg.get("maps") is None or any(a in ARCHITECTURES for a in archs):
+        return
+    fix = [SERVED[a] for a in archs if a in SERVED]
+    if fix:
+        raise InputError(f"the model config has RidgeFill maps but selects vLLM's own {archs[0]}, which ignores "
+                         f"them: set \"architectures\": [\"{fix[0]}\"] in hf_overrides")
+    raise InputError(f"the model config has RidgeFill maps but its architecture {archs} has no RidgeFill class in "
+                     f"vLLM (served: {', '.join(sorted(SERVED))}; docs/vllm.md, support table): serve it without "
+                     "the ridgefill maps, or with the reference (ridgefill.prefill)")
+
+
+def _check_architecture_at_load() -> None:
+    """Wrap vLLM's ``get_model_architecture`` (model loading, each worker) with :func:`check_architecture`."""
+    from vllm.model_executor.model_loader import utils
+
+    original = utils.get_model_architecture
+    if getattr(original, "_ridgefill", False):
+        return
+
+    def get_model_architecture(model_config):
+        check_architecture(model_config)
+        return original(model_config)
+
+    get_model_architecture._ridgefill = True
+    utils.get_model_architecture = get_model_architecture
 
 
 def serves_fill(model_config) -> bool:
@@ -61,4 +107,5 @@ def register() -> None:
         if arch not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(arch, target)
     _refuse_prompt_logprobs()
+    _check_architecture_at_load()
     install_prefix_cache_hook()

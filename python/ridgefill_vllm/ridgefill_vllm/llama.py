@@ -1,14 +1,16 @@
-"""RidgeFill for vLLM's Llama family: ``RidgeFillLlamaForCausalLM``.
+"""The fill in vLLM: :class:`FillModel` (every family) and ``RidgeFillLlamaForCausalLM``.
 
-vLLM's own ``LlamaForCausalLM`` with a different prefill of the late layers ``l > S`` (paper,
+A RidgeFill class is vLLM's own ``...ForCausalLM`` (``LlamaForCausalLM`` here; the other families in
+:mod:`ridgefill_vllm.families`) with a different prefill of the late layers ``l > S`` (paper,
 "Approach"; the reference is :func:`ridgefill.prefill` with ``mode="ridge"``). In a step with filled
 tokens (:mod:`ridgefill_vllm.plan`):
 
 1. Layers ``0..S`` run exactly for every token (vLLM's own layers); ``h_S`` is the input of layer
    ``S+1`` (vLLM keeps it as ``hidden + residual``).
 2. For each late layer ``l``, the filled tokens' keys and values are computed from the prediction
-   ``x̂_l = h_S W_l + b_l``, through the layer's own input RMSNorm, K/V projection (the K/V rows of
-   its fused QKV weight) and RoPE at the token's position, and written to vLLM's paged KV cache with
+   ``x̂_l = h_S W_l + b_l``, through the layer's own input norm, K/V projection (the K/V rows of
+   its fused QKV weight and bias), per-head key norm where the family has one, and RoPE at the token's
+   position (what differs per family: :mod:`ridgefill_vllm.adapters`), and written to vLLM's paged KV cache with
    the attention backend's own cache write. Filled tokens compute no query, no attention, no output
    projection and no MLP in the late layers.
 3. The exact tokens (the last ``tail`` positions of each prompt, every decoding token; chunked
@@ -17,7 +19,7 @@ tokens (:mod:`ridgefill_vllm.plan`):
    to the paged cache that holds the filled tokens' predicted K/V (of this and earlier chunks) and the
    exact tokens' own K/V.
 
-4. Row selection (``select``, ``on`` by default; :mod:`ridgefill_vllm.selection`): in the step that
+4. Row selection (``select``, ``on`` by default, Llama only; :mod:`ridgefill_vllm.selection`): in the step that
    schedules a request's last prompt token, the reference's selection chooses more exact rows (the lexical
    part from the token ids; the attention parts from pass 1's attention over the paged cache), and the tail
    and the chosen rows run the late layers again from their kept split states (pass 2).
@@ -25,7 +27,7 @@ tokens (:mod:`ridgefill_vllm.plan`):
 The step's output hidden states are those of the exact tokens; filled rows are zero (the sampler
 reads the last token of each request, which is exact once the prompt is complete; what it samples after
 a partial prefill, vLLM discards). Decoding steps and steps without filled tokens
-run vLLM's plain forward. Without maps the model is vLLM's Llama.
+run vLLM's plain forward. Without maps the model is vLLM's own.
 
 Settings (the ``ridgefill`` entry of the model config, e.g. through ``hf_overrides``): ``maps``, the
 path of a maps file from ``ridgefill calibrate``; ``tail``, exact tokens per prompt (default 256);
@@ -34,8 +36,10 @@ path of a maps file from ``ridgefill calibrate``; ``tail``, exact tokens per pro
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 from collections.abc import Iterable
 from itertools import islice
 
@@ -47,8 +51,9 @@ from vllm.compilation.decorators import ignore_torch_compile
 from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context
 from vllm.logger import init_logger
-from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaModel
 
+from .adapters import FAMILIES, LLAMA, Family
 from .backend import fill_backend
 from .errors import InputError
 from .maps import SAMPLE_VALUES, FillMaps, load_fill_maps
@@ -60,9 +65,10 @@ from .selection import (DEFAULT_SELECT, ChosenRows, ScoringModel, SplitStates, i
 logger = init_logger(__name__)
 
 #: Environment variable naming a file to which each step with filled tokens appends one JSON line
-#: (``{"query_lens": [...], "filled": F, "exact": E, "num_filled": [...], "num_computed": [...], "carried": C}``):
-#: how vLLM batched the requests, where each request's scheduled tokens start, and how many chunks read a
-#: carried split state (tests, debugging).
+#: (``{"query_lens": [...], "filled": F, "exact": E, "num_filled": [...], "num_computed": [...], "carried": C,
+#: "written": [...]}``): how vLLM batched the requests, where each request's scheduled tokens start, how many
+#: chunks read a carried split state, and how many filled tokens each late layer wrote (fewer in sliding-window
+#: layers) (tests, debugging).
 STEP_LOG_ENV = "RIDGEFILL_VLLM_STEP_LOG"
 
 
@@ -91,12 +97,13 @@ def fill_settings(hf_config) -> tuple[str, int, str] | None:
     return str(cfg["maps"]), tail, select
 
 
-def check_engine(vllm_config: VllmConfig) -> None:
+def check_engine(vllm_config: VllmConfig, family: Family = LLAMA) -> None:
     """Refuse engine settings the fill cannot serve, naming the setting to change.
 
     Raises:
         InputError: chunked prefill with the model runner V2, speculative decoding, pipeline or
-            decode-context parallelism, quantized weights, or a sliding-window model.
+            decode-context parallelism, quantized weights, sliding-window layers in a family whose windows are
+            not served, or what ``family`` refuses of this model (:meth:`ridgefill_vllm.adapters.Family.check`).
     """
     sched, par = vllm_config.scheduler_config, vllm_config.parallel_config
     problems = []
@@ -112,27 +119,45 @@ def check_engine(vllm_config: VllmConfig) -> None:
         problems.append("context parallelism is configured: turn it off")
     if vllm_config.quant_config is not None:
         problems.append("the weights are quantized: serve unquantized (float32, bfloat16 or float16) weights")
-    if getattr(vllm_config.model_config.hf_config, "layer_types", None) and any(
-            t != "full_attention" for t in vllm_config.model_config.hf_config.layer_types):
-        problems.append("the model has sliding-window layers, which this plugin does not fill yet")
+    hf_config = vllm_config.model_config.hf_config
+    if not family.sliding_windows and getattr(hf_config, "layer_types", None) and any(
+            t != "full_attention" for t in hf_config.layer_types):
+        problems.append(f"the model has sliding-window layers, which this plugin does not fill for {family.name} "
+                        "models yet (it does for Gemma 3)")
+    problems += family.check(vllm_config)
     if problems:
         raise InputError("RidgeFill cannot serve with these engine settings: " + "; ".join(problems))
 
 
-@ignore_torch_compile
-class RidgeFillLlamaModel(LlamaModel):
-    """vLLM's ``LlamaModel`` with the fill prefill of the late layers (module docstring)."""
+class FillModel:
+    """The fill prefill of the late layers (module docstring), mixed into a vLLM model body (``LlamaModel``,
+    ``Qwen2Model``, ``Qwen3Model``, ``Qwen3MoeModel``, ``MistralModel``, ``Gemma3Model``: ``embed_input_ids``,
+    ``layers``, ``norm``, ``config``, layers called as ``layer(positions, hidden, residual)`` returning
+    ``(hidden, residual)`` with the layer input ``hidden + residual``). What differs per family is read through
+    ``self.family`` (:class:`ridgefill_vllm.adapters.Family`). :func:`attach_fill`
+    gives a built body this mixin and calls :meth:`init_fill`."""
 
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", layer_type: type[nn.Module] = LlamaDecoderLayer):
-        super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
+    def init_fill(self, vllm_config: VllmConfig, family) -> None:
+        """Read the ``ridgefill`` settings and the maps, check the engine and the family, and give the late
+        layers the fill's attention backend. Without maps, leaves the body as vLLM's.
+
+        Raises:
+            InputError: bad settings, engine settings the fill cannot serve (:func:`check_engine`), a model
+                the family cannot fill (:meth:`ridgefill_vllm.adapters.Family.check`).
+            MapsMismatchError, MapsFormatError: maps of another model, or a bad maps file.
+        """
+        self.family = family
         settings = fill_settings(self.config)
         self.fill_maps: FillMaps | None = None
         self.tail = settings[1] if settings else DEFAULT_TAIL
         self.selection = None
         if settings is None:
             return
-        check_engine(vllm_config)
+        check_engine(vllm_config, family)
         self.selection = parse_select(settings[2])  # before the maps load: a bad setting fails fast
+        if self.selection is not None and not family.selection:
+            raise InputError(f"row selection is not served for {family.name} models in vLLM yet (it is for Llama): "
+                             "set 'select': 'off' in the ridgefill config")
         if self.selection is not None and vllm_config.parallel_config.tensor_parallel_size > 1:
             raise InputError("row selection scores every head, which tensor parallelism splits across ranks: serve "
                              "with tensor_parallel_size=1, or set 'select': 'off' in the ridgefill config")
@@ -156,9 +181,11 @@ class RidgeFillLlamaModel(LlamaModel):
         self._chosen = ChosenRows()  # each request's exact rows, reused when a preempted request is recomputed
         self._scoring: ScoringModel | None = None
         self.late = list(range(self.split + 1, self.config.num_hidden_layers))
-        self.late_names = [self.layers[i].self_attn.attn.layer_name for i in self.late]
+        self.late_names = [family.attention(self.layers[i]).attn.layer_name for i in self.late]
+        # each late layer's sliding window (None: full attention): the filled rows no exact row sees get no K/V
+        self._windows = [getattr(family.attention(self.layers[i]).attn, "sliding_window", None) for i in self.late]
         for i in self.late:
-            attn = self.layers[i].self_attn.attn
+            attn = family.attention(self.layers[i]).attn
             if attn.attn_backend.forward_includes_kv_cache_update:
                 raise InputError(f"the attention backend {attn.attn_backend.get_name()} writes the KV cache inside "
                                  "its forward; RidgeFill needs a backend with a separate cache write (vLLM's CPU, "
@@ -175,12 +202,12 @@ class RidgeFillLlamaModel(LlamaModel):
         """
         self._kv = []
         for i in self.late:
-            attn = self.layers[i].self_attn
-            w = attn.qkv_proj.weight
+            attn = self.family.attention(self.layers[i])
+            w = self.family.qkv(attn).weight
             if w.ndim != 2 or w.shape[0] != attn.q_size + 2 * attn.kv_size:
                 raise InputError("the late layers' QKV weights were repacked before RidgeFill could copy their K/V "
                                  "rows; load real weights (not load_format='dummy') on this platform")
-            bias = getattr(attn.qkv_proj, "bias", None)
+            bias = getattr(self.family.qkv(attn), "bias", None)
             if self.selection is not None:  # the query rows' queries, for the attention parts' scores
                 self._q[i] = (w[:attn.q_size].detach().clone(), None if bias is None else bias[:attn.q_size].detach().clone())
             w = w[attn.q_size:].detach().clone()  # [2·kv_size (this rank), d]
@@ -192,11 +219,13 @@ class RidgeFillLlamaModel(LlamaModel):
         if h.shape[0] == 0:
             return
         layer = self.layers[self.late[j]]
-        attn = layer.self_attn
+        family = self.family
+        attn = family.attention(layer)
         x_hat = torch.addmm(self._b[j], h, self._w[j])  # [F, d]
         w, bias = self._kv[j]
-        k, v = F.linear(layer.input_layernorm(x_hat), w, bias).split([attn.kv_size, attn.kv_size], dim=-1)
-        k, _ = attn.rotary_emb(positions, k.contiguous(), None)  # RoPE on the keys (passed as the query)
+        k, v = F.linear(family.input_norm(layer)(x_hat), w, bias).split([attn.kv_size, attn.kv_size], dim=-1)
+        k = family.keys(attn, k)  # per-head k-norm before RoPE where the family has one (Qwen3, Gemma 3)
+        k, _ = family.rope(attn)(positions, k.contiguous(), None)  # RoPE on the keys (passed as the query)
         a = attn.attn
         a.impl.do_kv_cache_update(a, k.view(-1, a.num_kv_heads, a.head_size), v.reshape(-1, a.num_kv_heads,
                                   a.head_size_v), a.kv_cache, slots)
@@ -210,6 +239,32 @@ class RidgeFillLlamaModel(LlamaModel):
         entry = metadata.get(self.late_names[0]) if isinstance(metadata, dict) else None
         return getattr(entry, "ridgefill_plan", None)
 
+    def _layer_plans(self, plan) -> list:
+        """Each late layer's row plan: the same rows, but the slots of the layer's own KV-cache group (a model
+        with sliding-window and full layers, Gemma 3, has one block table per group)."""
+        metadata = get_forward_context().attn_metadata
+        return [getattr(metadata.get(name), "ridgefill_plan", None) or plan for name in self.late_names]
+
+    def _seen_filled(self, plan, pos_f: torch.Tensor):
+        """A function of a layer's sliding window ``w`` (``None``: full attention) giving the mask ``[F]`` of the
+        filled tokens some exact row of their request sees in that layer (``None``: all of them). The exact rows
+        of a prompt of ``P`` tokens are positions ``≥ P − tail``, and the row at ``q`` sees keys in
+        ``(q − w, q]``, so a filled row at ``p`` is seen when ``p > P − tail − w`` (as the reference's
+        ``needed_filled_rows``)."""
+        if plan.num_prompt is None or not any(w for w in self._windows):
+            return lambda w: None
+        prompt = torch.repeat_interleave(plan.num_prompt[:plan.num_filled.numel()], plan.num_filled).to(pos_f.device)
+        masks: dict[int, torch.Tensor] = {}
+
+        def seen(w):
+            if not w:
+                return None
+            if w not in masks:
+                masks[w] = pos_f > prompt - self.tail - w
+            return masks[w]
+
+        return seen
+
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
         plan = self._plan()
         if plan is None:
@@ -220,17 +275,19 @@ class RidgeFillLlamaModel(LlamaModel):
             hidden, residual = layer(positions, hidden, residual)
         if not self._kv:
             self.capture_kv_weights()
+        seen = self._seen_filled(plan, positions[plan.filled])
         if os.environ.get(STEP_LOG_ENV):
+            written = [plan.filled.numel() if m is None else int(m.sum()) for m in map(seen, self._windows)]
             with open(os.environ[STEP_LOG_ENV], "a") as f:
                 f.write(json.dumps({"query_lens": plan.query_lens.tolist(), "filled": plan.filled.numel(),
                                     "exact": plan.exact.numel(), "num_filled": plan.num_filled.tolist(),
                                     "num_computed": plan.num_computed.tolist(),
-                                    "carried": len(plan.carry_in)}) + "\n")
+                                    "carried": len(plan.carry_in), "written": written}) + "\n")
         h = hidden + residual if residual is not None else hidden  # h_S, the input of layer S+1: [tokens, d]
         ctx = get_forward_context()
         if self.selection is not None:  # every scheduled token's h_S, by slot: selection may rerun its row later
             n = plan.num_tokens
-            a = self.layers[self.late[0]].self_attn.attn
+            a = self.family.attention(self.layers[self.late[0]]).attn
             self._states.write(ctx.slot_mapping[self.late_names[0]][:n], h[:n],
                                a.kv_cache.numel() // (2 * a.num_kv_heads * a.head_size))
         h_f, pos_f = h[plan.filled], positions[plan.filled]
@@ -248,20 +305,25 @@ class RidgeFillLlamaModel(LlamaModel):
             for t, slot in plan.carry_out:
                 self._carry[slot] = h[t].detach().clone()
             h_f = torch.cat([h_f, h_prev], -1)
+        plans = self._layer_plans(plan)
         selecting = selecting_requests(plan, self.tail) if self.selection is not None else []
         if selecting:
             for j in range(len(self.late)):
-                self._write_filled(j, h_f, pos_f, plan.filled_slots)
+                self._write_filled(j, h_f, pos_f, plans[j].filled_slots)
             return self._forward_selecting(plan, positions, h, selecting)
         x, pos_e, residual = h[plan.exact], positions[plan.exact], None
         slots = ctx.slot_mapping
         saved = {name: slots.get(name) for name in self.late_names}
         try:
-            for name in self.late_names:  # the exact tokens' own K/V go to their slots
-                slots[name] = plan.exact_slots
+            for name, p in zip(self.late_names, plans):  # the exact tokens' own K/V go to their slots
+                slots[name] = p.exact_slots
             has_exact = plan.exact.numel() > 0  # a chunk of filled tokens only runs no late layer in full
             for j, i in enumerate(self.late):
-                self._write_filled(j, h_f, pos_f, plan.filled_slots)
+                keep = seen(self._windows[j])
+                if keep is None:
+                    self._write_filled(j, h_f, pos_f, plans[j].filled_slots)
+                else:
+                    self._write_filled(j, h_f[keep], pos_f[keep], plans[j].filled_slots[keep])
                 if has_exact:
                     x, residual = self.layers[i](pos_e, x, residual)
         finally:
@@ -367,7 +429,7 @@ class RidgeFillLlamaModel(LlamaModel):
                     rows_r = torch.arange(b - q, b, device=x.device)
                     queries[r] = (x[rows_r] + residual[rows_r]) if residual is not None else x[rows_r].clone()
                 x, residual = self.layers[i](pos, x, residual)
-                attn = self.layers[i].self_attn.attn
+                attn = self.family.attention(self.layers[i]).attn
                 for r, recs in scorers.items():
                     a, b = bounds[r]
                     keys = read_keys(attn, table[r], prompt[r], bs)[None]
@@ -390,27 +452,83 @@ def _restore(mapping: dict, saved: dict) -> None:
             mapping[name] = value
 
 
-class RidgeFillLlamaForCausalLM(LlamaForCausalLM):
-    """vLLM's ``LlamaForCausalLM`` with :class:`RidgeFillLlamaModel` (register name
-    ``RidgeFillLlamaForCausalLM``). Checks at load time that the maps were fitted on these weights."""
+def attach_fill(model: nn.Module, vllm_config: VllmConfig, family) -> nn.Module:
+    """Give vLLM's built model body ``model`` the fill when the model config has maps: its class becomes a
+    subclass of its own class with :class:`FillModel` mixed in (run eagerly, like vLLM's ``enforce_eager``),
+    and :meth:`FillModel.init_fill` reads the settings and maps. Without maps ``model`` stays vLLM's. Returns
+    ``model``.
 
-    def _init_model(self, vllm_config: VllmConfig, prefix: str = "", layer_type: type[nn.Module] = LlamaDecoderLayer):
-        return RidgeFillLlamaModel(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
+    Raises:
+        InputError: the checkpoint's ``model_type`` is not one of ``family.model_types``, or see
+            :meth:`FillModel.init_fill`.
+    """
+    if fill_settings(model.config) is None:
+        return model
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in family.model_types:
+        own = [f.architecture for f in FAMILIES if model_type in f.model_types]
+        raise InputError(f"the checkpoint's model_type is {model_type!r}, but the architecture selects RidgeFill's "
+                         f"{family.name} class (model_type {', '.join(family.model_types)}): "
+                         + (f"select {own[0]}" if own else "RidgeFill has no vLLM class for this model_type "
+                            "(docs/vllm.md, support table)"))
+    model.__class__ = _fill_class(type(model))
+    model.do_not_compile = True  # the fill's forward branches on the step's row plan
+    model.init_fill(vllm_config, family)
+    return model
+
+
+@functools.cache
+def _fill_class(base: type) -> type:
+    return ignore_torch_compile(type(f"RidgeFill{base.__name__}", (FillModel, base), {"__module__": __name__}))
+
+
+class FillCausalLM:
+    """Mixed in before a vLLM ``...ForCausalLM`` class (attribute ``family``, a
+    :class:`ridgefill_vllm.adapters.Family`): gives its model body the fill (:func:`attach_fill`) and checks at
+    load time that the maps were fitted on these weights."""
+
+    family = None
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs):  # vLLM reads these two names
+        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+        attach_fill(self.model, vllm_config, self.family)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        body: RidgeFillLlamaModel = self.model
-        if body.fill_maps is None:
+        body = self.model
+        if getattr(body, "fill_maps", None) is None:
             return super().load_weights(weights)
         sample: list[float] = []
+        fused: list[float] = []  # the same, with each MoE layer's experts as transformers 5 holds them
         tied = getattr(self.config, "tie_word_embeddings", False)
 
         def sampled(items):
             for name, t in items:
                 if "rotary_emb.inv_freq" not in name and not (tied and name.startswith("lm_head.")):
-                    sample.extend(t.detach().flatten()[:SAMPLE_VALUES].to(device="cpu", dtype=torch.float64).tolist())
+                    values = t.detach().flatten()[:SAMPLE_VALUES].to(device="cpu", dtype=torch.float64).tolist()
+                    sample.extend(values)
+                    expert = _EXPERT.search(name)
+                    if expert is None or (expert[1] == "0" and expert[2] != "up_proj"):
+                        fused.extend(values)
                 yield name, t
 
         loaded = super().load_weights(sampled(weights))
-        body.fill_maps.check_weight_sample(sample, self.model.embed_tokens.weight.dtype)
+        want = len(body.fill_maps.meta.get("weight_sample") or [])
+        body.fill_maps.check_weight_sample(fused if len(sample) != want == len(fused) else sample,
+                                           body.embed_tokens.weight.dtype)
         body.capture_kv_weights()
         return loaded
+
+
+#: A checkpoint's per-expert MoE weight (``...mlp.experts.<e>.<gate_proj|up_proj|down_proj>.weight``). Maps fitted
+#: with ``transformers`` 5 sample each MoE layer's fused ``gate_up_proj`` ``[E, 2I, d]`` and ``down_proj``
+#: ``[E, d, I]``, whose first values are expert 0's ``gate_proj`` and ``down_proj`` rows.
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+#: vLLM's ``LlamaModel`` with the fill (the class a Llama body gets from :func:`attach_fill`).
+RidgeFillLlamaModel = _fill_class(LlamaModel)
+
+
+class RidgeFillLlamaForCausalLM(FillCausalLM, LlamaForCausalLM):
+    """vLLM's ``LlamaForCausalLM`` with the fill (register name ``RidgeFillLlamaForCausalLM``)."""
+
+    family = LLAMA
