@@ -56,6 +56,7 @@ from .plan import install_runner_hook
 from .prefix import DEFAULT_TAIL
 from .selection import (DEFAULT_SELECT, ChosenRows, ScoringModel, SplitStates, induction_scores, parse_select,
                         read_keys, selecting_requests, slots_of, span_metadata, spans)
+from .tp import combine_layer, gather_heads, local_heads
 
 logger = init_logger(__name__)
 
@@ -133,9 +134,6 @@ class RidgeFillLlamaModel(LlamaModel):
             return
         check_engine(vllm_config)
         self.selection = parse_select(settings[2])  # before the maps load: a bad setting fails fast
-        if self.selection is not None and vllm_config.parallel_config.tensor_parallel_size > 1:
-            raise InputError("row selection scores every head, which tensor parallelism splits across ranks: serve "
-                             "with tensor_parallel_size=1, or set 'select': 'off' in the ridgefill config")
         install_runner_hook()  # each step records its prompt lengths for the row plan (ridgefill_vllm.plan)
         maps = load_fill_maps(settings[0])
         maps.check_shape(self.config.num_hidden_layers, self.config.hidden_size)
@@ -281,7 +279,7 @@ class RidgeFillLlamaModel(LlamaModel):
 
         device = h.device
         if self._scoring is None:
-            self._scoring = ScoringModel(self, self._q, induction_scores(self))
+            self._scoring = ScoringModel(self, self._q, gather_heads(induction_scores(self), device))  # every rank's heads
         q_lens, n_filled, computed = plan.query_lens.tolist(), plan.num_filled.tolist(), plan.num_computed.tolist()
         exact: dict[int, torch.Tensor] = {}  # request row -> sorted positions that run the late layers
         for r in range(len(q_lens)):
@@ -307,6 +305,7 @@ class RidgeFillLlamaModel(LlamaModel):
                 for r in run:
                     if r in planners:
                         scorers[r] = planners[r].scorers(self._scoring, rnd)
+                        local_heads(scorers[r].values())  # tensor parallel: this rank's heads of those kept
                 out = self._late_run(plan, {r: exact[r] for r in run}, prompt,
                                      {r: list(scorers[r].values()) for r in run if r in planners and scorers[r]})
                 for r in run:
@@ -374,7 +373,9 @@ class RidgeFillLlamaModel(LlamaModel):
                     for sc in recs:
                         k = min(sc.rows, b - a)
                         p = pos[b - k:b]
+                        before = sc.scores.clone()
                         sc.add(i, queries[r][-k:][None], p, p, keys, None)
+                        combine_layer(sc, before)  # tensor parallel: the scores of every rank's heads
         finally:
             _restore(ctx.attn_metadata, saved_meta)
             _restore(ctx.slot_mapping, saved_slots)
