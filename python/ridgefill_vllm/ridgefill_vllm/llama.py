@@ -20,7 +20,8 @@ tokens (:mod:`ridgefill_vllm.plan`):
 4. Row selection (``select``, ``on`` by default; :mod:`ridgefill_vllm.selection`): in the step that
    schedules a request's last prompt token, the reference's selection chooses more exact rows (the lexical
    part from the token ids; the attention parts from pass 1's attention over the paged cache), and the tail
-   and the chosen rows run the late layers again from their kept split states (pass 2).
+   and the chosen rows run the late layers again from their kept split states (pass 2). With tensor
+   parallelism the ranks exchange head and row scores so that all choose the same rows (:mod:`ridgefill_vllm.tp`).
 
 The step's output hidden states are those of the exact tokens; filled rows are zero (the sampler
 reads the last token of each request, which is exact once the prompt is complete; what it samples after
