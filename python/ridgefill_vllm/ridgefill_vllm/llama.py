@@ -22,7 +22,8 @@ tokens (:mod:`ridgefill_vllm.plan`):
 4. Row selection (``select``, ``on`` by default, Llama only; :mod:`ridgefill_vllm.selection`): in the step that
    schedules a request's last prompt token, the reference's selection chooses more exact rows (the lexical
    part from the token ids; the attention parts from pass 1's attention over the paged cache), and the tail
-   and the chosen rows run the late layers again from their kept split states (pass 2).
+   and the chosen rows run the late layers again from their kept split states (pass 2). With tensor
+   parallelism the ranks exchange head and row scores so that all choose the same rows (:mod:`ridgefill_vllm.tp`).
 
 The step's output hidden states are those of the exact tokens; filled rows are zero (the sampler
 reads the last token of each request, which is exact once the prompt is complete; what it samples after
@@ -61,6 +62,7 @@ from .plan import install_runner_hook
 from .prefix import DEFAULT_TAIL
 from .selection import (DEFAULT_SELECT, ChosenRows, ScoringModel, SplitStates, induction_scores, parse_select,
                         read_keys, selecting_requests, slots_of, span_metadata, spans)
+from .tp import combine_layer, gather_heads, local_heads
 
 logger = init_logger(__name__)
 
@@ -158,9 +160,6 @@ class FillModel:
         if self.selection is not None and not family.selection:
             raise InputError(f"row selection is not served for {family.name} models in vLLM yet (it is for Llama): "
                              "set 'select': 'off' in the ridgefill config")
-        if self.selection is not None and vllm_config.parallel_config.tensor_parallel_size > 1:
-            raise InputError("row selection scores every head, which tensor parallelism splits across ranks: serve "
-                             "with tensor_parallel_size=1, or set 'select': 'off' in the ridgefill config")
         install_runner_hook()  # each step records its prompt lengths for the row plan (ridgefill_vllm.plan)
         maps = load_fill_maps(settings[0])
         maps.check_shape(self.config.num_hidden_layers, self.config.hidden_size)
@@ -343,7 +342,7 @@ class FillModel:
 
         device = h.device
         if self._scoring is None:
-            self._scoring = ScoringModel(self, self._q, induction_scores(self))
+            self._scoring = ScoringModel(self, self._q, gather_heads(induction_scores(self), device))  # every rank's heads
         q_lens, n_filled, computed = plan.query_lens.tolist(), plan.num_filled.tolist(), plan.num_computed.tolist()
         exact: dict[int, torch.Tensor] = {}  # request row -> sorted positions that run the late layers
         for r in range(len(q_lens)):
@@ -369,6 +368,7 @@ class FillModel:
                 for r in run:
                     if r in planners:
                         scorers[r] = planners[r].scorers(self._scoring, rnd)
+                        local_heads(scorers[r].values())  # tensor parallel: this rank's heads of those kept
                 out = self._late_run(plan, {r: exact[r] for r in run}, prompt,
                                      {r: list(scorers[r].values()) for r in run if r in planners and scorers[r]})
                 for r in run:
@@ -436,7 +436,9 @@ class FillModel:
                     for sc in recs:
                         k = min(sc.rows, b - a)
                         p = pos[b - k:b]
+                        before = sc.scores.clone()
                         sc.add(i, queries[r][-k:][None], p, p, keys, None)
+                        combine_layer(sc, before)  # tensor parallel: the scores of every rank's heads
         finally:
             _restore(ctx.attn_metadata, saved_meta)
             _restore(ctx.slot_mapping, saved_slots)
