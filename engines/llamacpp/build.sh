@@ -8,7 +8,10 @@
 # $RIDGEFILL_CACHE or ~/.cache/ridgefill and <key> is the first 16 hex digits of the SHA-256 of this script
 # and ridgefill.patch: a changed patch builds again, an unchanged one is reused. Each build holds lib/ (the
 # shared libraries llama, ggml, ggml-base, ggml-cpu) and python/llama_cpp (llama-cpp-python's ctypes
-# binding, which driver.py loads). Compiles with -j${JOBS:-2} under nice; PYTHON (default python3) runs pip.
+# binding, which driver.py loads); the libraries find each other through RUNPATH $ORIGIN, and the script
+# checks that each build's libllama loads without LD_LIBRARY_PATH. ggml is compiled once and serves both
+# builds (the patch touches src/ only). Compiles with -j${JOBS:-2} under nice; PYTHON (default python3)
+# runs pip and the load check.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -35,36 +38,50 @@ if [ ! -f "$OUT/src/.fetched" ]; then
     touch "$OUT/src/.fetched"
 fi
 
-build() {  # build NAME PATCH(0/1)
-    local name="$1" patched="$2" dest="$OUT/$1"
-    if [ -f "$dest/.built" ]; then
-        say "$name: built already ($dest)"
-        return
-    fi
-    local src="$WORK/src-$name"
-    cp -r "$OUT/src/vendor/llama.cpp" "$src"
-    if [ "$patched" = 1 ]; then
-        patch -s -p1 -d "$src" < "$HERE/ridgefill.patch" \
-            || { say "error: ridgefill.patch does not apply to llama-cpp-python $VERSION's llama.cpp"; exit 2; }
-    fi
-    say "$name: configuring and building (the llama library only)"
-    local start=$SECONDS
-    nice -n 10 cmake -S "$src" -B "$WORK/build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF \
-        -DLLAMA_BUILD_COMMON=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON > "$WORK/cmake-$name.log" 2>&1 \
-        || { tail -20 "$WORK/cmake-$name.log" >&2; exit 2; }
-    nice -n 10 cmake --build "$WORK/build-$name" --target llama -j "$JOBS" > "$WORK/build-$name.log" 2>&1 \
-        || { grep -A5 error "$WORK/build-$name.log" | head -40 >&2; exit 2; }
+put() {  # put NAME: copy the built libraries and the binding into $OUT/NAME
+    local dest="$OUT/$1"
     rm -rf "$dest"
     mkdir -p "$dest/lib" "$dest/python"
-    cp -a "$WORK/build-$name/bin/"*.so* "$dest/lib/"
+    cp -a "$WORK/build/bin/"*.so* "$dest/lib/"
     cp -r "$OUT/src/llama_cpp" "$dest/python/llama_cpp"
     touch "$dest/.built"
-    say "$name: built in $((SECONDS - start)) s"
 }
 
-build stock 0
-build ridgefill 1
+# One source tree and one build folder serve both builds: the patch touches llama.cpp's src/ only (checked
+# here), so ggml is compiled once; patching the tree after the stock build recompiles the patched and new
+# files of libllama and relinks it. The libraries find each other through RUNPATH $ORIGIN (their own
+# folder), so they load from $OUT/NAME/lib once the build folder is gone.
+if [ ! -f "$OUT/stock/.built" ] || [ ! -f "$OUT/ridgefill/.built" ]; then
+    outside="$(grep '^+++ ' "$HERE/ridgefill.patch" | awk '{print $2}' | grep -v '^b/src/' || true)"
+    if [ -n "$outside" ]; then
+        say "error: ridgefill.patch touches files outside llama.cpp's src/ ($outside); the stock and patched builds share ggml only while it does not"
+        exit 2
+    fi
+    src="$WORK/src"
+    cp -r "$OUT/src/vendor/llama.cpp" "$src"
+    say "configuring (the llama library and ggml only, -DGGML_NATIVE=ON)"
+    start=$SECONDS
+    nice -n 10 cmake -S "$src" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+        -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF \
+        -DLLAMA_BUILD_COMMON=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON > "$WORK/cmake.log" 2>&1 \
+        || { tail -20 "$WORK/cmake.log" >&2; exit 2; }
+    say "stock: building ggml and llama"
+    nice -n 10 cmake --build "$WORK/build" --target llama -j "$JOBS" > "$WORK/build-stock.log" 2>&1 \
+        || { grep -A5 error "$WORK/build-stock.log" | head -40 >&2; exit 2; }
+    put stock
+    say "stock: built in $((SECONDS - start)) s"
+    start=$SECONDS
+    patch -s -p1 -d "$src" < "$HERE/ridgefill.patch" \
+        || { say "error: ridgefill.patch does not apply to llama-cpp-python $VERSION's llama.cpp"; exit 2; }
+    say "ridgefill: rebuilding llama with the patch (ggml reused)"
+    nice -n 10 cmake --build "$WORK/build" --target llama -j "$JOBS" > "$WORK/build-ridgefill.log" 2>&1 \
+        || { grep -A5 error "$WORK/build-ridgefill.log" | head -40 >&2; exit 2; }
+    put ridgefill
+    say "ridgefill: built in $((SECONDS - start)) s"
+else
+    say "stock and ridgefill: built already ($OUT)"
+fi
 
 GGUF="$OUT/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ ! -f "$GGUF" ]; then
@@ -80,4 +97,12 @@ PY
         || { rm -f "$GGUF.tmp"; say "error: the SmolLM2 GGUF does not have the pinned SHA-256; fetch it again"; exit 2; }
     mv "$GGUF.tmp" "$GGUF"
 fi
+
+# Each build's libllama must load from a clean environment (no LD_LIBRARY_PATH) once the build folder is
+# gone: its RUNPATH, not the caller's environment, has to find ggml.
+rm -rf "$WORK"
+for name in stock ridgefill; do
+    env -i PATH=/usr/bin:/bin "$PYTHON" -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' "$OUT/$name/lib/libllama.so" \
+        || { say "error: $OUT/$name/lib/libllama.so does not load without LD_LIBRARY_PATH (readelf -d shows its RUNPATH); delete $OUT and build again"; exit 2; }
+done
 echo "$OUT"

@@ -8,9 +8,20 @@ shared libraries, ``python/llama_cpp`` with the binding). The fill is on when ``
 the environment (and ``RIDGEFILL_TAIL`` when given); this driver sets ``RIDGEFILL_N_PROMPT`` to each prompt's
 length before processing it.
 
+Several runs in one process (the model loaded once): ``"runs": [{"name": NAME, "env": {"RIDGEFILL_MAPS":
+PATH, "RIDGEFILL_TAIL": "64"}, "n_ubatch": 100, ...}, ...]``; each run takes the top-level settings it does
+not give, sets the ``RIDGEFILL_*`` variables of its ``env`` and unsets the others (``RIDGEFILL_N_PROMPT``
+excepted), and gets a context of its own.
+
 OUT.npz: ``logits`` ``[prompts, vocab]`` float32, the last prompt token's logits; ``tokens`` ``[prompts, gen]``
-the greedy continuation; ``seconds`` ``[prompts, repeats]`` the prompt-processing times (one ``llama_decode``
-per batch of ``n_batch`` tokens, the KV cache cleared before each repeat).
+int64, the greedy continuation (with ``"force": [[ids...], ...]``, a run's ``gen - 1`` tokens per prompt
+fed after it instead of the greedy ones: teacher forcing, ``tokens`` then holds the argmax at each step); ``seconds`` ``[prompts, repeats]`` float64, the prompt-processing times
+(one ``llama_decode`` per batch of ``n_batch`` tokens, the KV cache cleared before each repeat); with ``"step_logits": true``,
+``step_logits`` ``[prompts, gen, vocab]`` float32, the logits each greedy step chose from. With
+``runs``, each key is prefixed by the run's name and a slash (``NAME/logits``).
+
+Errors: exits with status 2 and a message on stderr when the model does not load, a run has no name or
+two runs share one, or ``llama_decode`` fails.
 """
 
 from __future__ import annotations
@@ -38,8 +49,13 @@ def _binding(build: Path):
 
 def main(request: str, out: str) -> int:
     req = json.loads(Path(request).read_text())
-    build = Path(req["build"])
-    C = _binding(build)
+    multi = "runs" in req
+    runs = req["runs"] if multi else [{}]
+    names = [r.get("name") for r in runs]
+    if multi and (not runs or None in names or len(set(names)) != len(names)):
+        print(f"error: every run needs a name of its own; got {names}", file=sys.stderr)
+        return 2
+    C = _binding(Path(req["build"]))
     C.llama_backend_init()
     mp = C.llama_model_default_params()
     mp.use_extra_bufts = False  # no AMX or repacked weight buffers: the weights as stored in the GGUF
@@ -47,6 +63,27 @@ def main(request: str, out: str) -> int:
     if not model:
         print(f"error: llama.cpp cannot load the model {req['model']!r}", file=sys.stderr)
         return 2
+    result = {}
+    try:
+        for run in runs:
+            if multi:  # the run's own RIDGEFILL_* variables only
+                for k in [k for k in os.environ if k.startswith("RIDGEFILL_") and k != "RIDGEFILL_N_PROMPT"]:
+                    del os.environ[k]
+                os.environ.update({k: str(v) for k, v in run.get("env", {}).items()})
+            got = _run(C, model, {**{k: v for k, v in req.items() if k != "runs"}, **run})
+            prefix = f"{run['name']}/" if multi else ""
+            result.update({prefix + k: v for k, v in got.items()})
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        C.llama_model_free(model)
+    np.savez(out, **result)
+    return 0
+
+
+def _run(C, model, req: dict) -> dict:
+    """One run: a context with the run's ubatch and batch sizes; logits, greedy tokens and times per prompt."""
     prompts = [list(map(int, p)) for p in req["prompts"]]
     gen = int(req.get("gen", 0))
     n_batch = int(req.get("n_batch", 2048))
@@ -57,6 +94,8 @@ def main(request: str, out: str) -> int:
     cp.n_threads = cp.n_threads_batch = int(req.get("threads", 2))
     cp.no_perf = True
     ctx = C.llama_init_from_model(model, cp)
+    if not ctx:
+        raise RuntimeError("llama.cpp could not create a context")
     vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(model))
     batch = C.llama_batch_init(n_batch, 0, 1)
     mem = C.llama_get_memory(ctx)
@@ -80,33 +119,41 @@ def main(request: str, out: str) -> int:
         return np.ctypeslib.as_array(ptr, shape=(vocab,)).astype(np.float32).copy()
 
     repeats = int(req.get("repeats", 1))
-    logits, tokens, seconds = [], [], []
-    for p in prompts:
-        os.environ["RIDGEFILL_N_PROMPT"] = str(len(p))
-        times = []
-        for _ in range(repeats):
-            C.llama_memory_clear(mem, True)
-            t0 = time.perf_counter()
-            decode(p, 0, True)
-            C.llama_synchronize(ctx)
-            times.append(time.perf_counter() - t0)
-        seconds.append(times)
-        lg = last()
-        logits.append(lg)
-        new = []
-        for g in range(gen):
-            tok = int(np.argmax(lg))
-            new.append(tok)
-            if g + 1 < gen:
-                decode([tok], len(p) + g, True)
-                lg = last()
-        tokens.append(new)
-    np.savez(out, logits=np.stack(logits), tokens=np.array(tokens, dtype=np.int64).reshape(len(prompts), gen),
-             seconds=np.array(seconds, dtype=np.float64))
-    C.llama_batch_free(batch)
-    C.llama_free(ctx)
-    C.llama_model_free(model)
-    return 0
+    logits, tokens, seconds, step_logits = [], [], [], []
+    force = req.get("force")
+    if force is not None and (len(force) != len(prompts) or any(len(f) < gen - 1 for f in force)):
+        raise RuntimeError(f"force needs {gen - 1} tokens for each of the {len(prompts)} prompts")
+    try:
+        for i, p in enumerate(prompts):
+            os.environ["RIDGEFILL_N_PROMPT"] = str(len(p))
+            times = []
+            for _ in range(repeats):
+                C.llama_memory_clear(mem, True)
+                t0 = time.perf_counter()
+                decode(p, 0, True)
+                C.llama_synchronize(ctx)
+                times.append(time.perf_counter() - t0)
+            seconds.append(times)
+            lg = last()
+            logits.append(lg)
+            new, steps = [], []
+            for g in range(gen):
+                tok = int(np.argmax(lg))
+                new.append(tok)
+                steps.append(lg)
+                if g + 1 < gen:
+                    decode([tok if force is None else int(force[i][g])], len(p) + g, True)
+                    lg = last()
+            tokens.append(new)
+            step_logits.append(steps)
+    finally:
+        C.llama_batch_free(batch)
+        C.llama_free(ctx)
+    out = {"logits": np.stack(logits), "tokens": np.array(tokens, dtype=np.int64).reshape(len(prompts), gen),
+           "seconds": np.array(seconds, dtype=np.float64)}
+    if req.get("step_logits"):
+        out["step_logits"] = np.array(step_logits, dtype=np.float32).reshape(len(prompts), gen, -1)
+    return out
 
 
 if __name__ == "__main__":
