@@ -6,5 +6,6 @@ public import KvaLean.Identity
 public import KvaLean.Solve
 public import KvaLean.Causality
 public import KvaLean.Stability
+public import KvaLean.Rope
 public import KvaLean.Certificate
 public import KvaLean.CertExamples

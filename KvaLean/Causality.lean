@@ -252,14 +252,15 @@ theorem exact_mode (tok : Nat → Tok) (P : FillPlan State) (hnone : ∀ t, P.fi
     (l t : Nat) : D.fillInput tok P l t = D.input tok l t :=
   D.exact_row_output tok P (fun _ t _ h => by rw [hnone t] at h; exact absurd h (by decide)) l t
 
-/-- **`no_token_dropped`**: at every layer `l` and row `t` the filled model keeps the token:
+/-- **`reads_every_row`**: at every layer `l` and row `t` the filled model reads every earlier row:
 (1) layer `l` of row `t` reads a cache entry for *every* row `j ≤ t` (none is skipped or evicted);
 (2) the entry of row `t` is the layer's own cache function at the row's own position `t` (RoPE at
 `t`, also for a filled row) applied either to the row's exact
 layer input, or — only for a filled row above the split — to the prediction `map l t h_S`, where
-`h_S` gives the filled model's own outputs of layer `S` at rows `0..t`. Constrains
+`h_S` gives the filled model's own outputs of layer `S` at rows `0..t`. Which entries the prefill
+keeps (sliding windows, mode `none`) is `entry` (`no_token_dropped`). Constrains
 `ridgefill.fill.prefill`. -/
-theorem no_token_dropped (tok : Nat → Tok) (P : FillPlan State) (l t : Nat) :
+theorem reads_every_row (tok : Nat → Tok) (P : FillPlan State) (l t : Nat) :
     D.fillInput tok P (l + 1) t =
         D.layer l t (D.fillInput tok P l t) (fun j => D.fillCache tok P l j.val) ∧
       (D.fillCache tok P l t = D.cache l t (D.fillInput tok P l t) ∨
@@ -408,6 +409,124 @@ theorem decode_exact (tok : Nat → Tok) (t : Nat) :
           omega
         rw [hjt]
     rw [e2]
+
+
+/-! ### Absent cache entries: mode `none` and sliding windows
+
+`fillCache` gives every row an entry at every layer. The prefill keeps fewer: in mode `none` a filled
+row writes no late-layer entry, and in a sliding-window layer a filled row that no exact row sees
+writes none (`needed_filled_rows`). `entry` is the cache the prefill of an `N`-row prompt keeps, with
+absent entries `none`; `no_token_dropped` says that in the fill modes every entry an exact row can
+read is present, and `none_drops_token` that mode `none` breaks it. -/
+
+end Decoder
+
+/-- The prefill modes of `ridgefill.fill.prefill` other than `exact`: the fill modes `ridge`,
+`centred`, `identity`, and `none` (filled rows write no late-layer cache entry). -/
+inductive FillMode where
+  /-- The fitted maps. -/
+  | ridge
+  /-- `W = I`, `b = x̄ − h̄`. -/
+  | centred
+  /-- `W = I`, `b = 0`. -/
+  | identity
+  /-- No late-layer entries for filled rows. -/
+  | none
+
+/-- Whether filled rows write late-layer cache entries in this mode (`false` for `none` only). -/
+@[expose] def FillMode.fills : FillMode → Bool
+  | FillMode.none => false
+  | _ => true
+
+/-- Whether row `t` attends to row `j` at layer `l`: `j ≤ t`, and, in a sliding-window layer
+(`window l = w > 0`), `t − j < w`; `window l = 0` is full causal attention. The attention mask of
+`ridgefill.adapters.parts` (`visible_keys`). -/
+@[expose] def sees (window : Nat → Nat) (l t j : Nat) : Bool :=
+  decide (j ≤ t) && (window l == 0 || decide (t - j < window l))
+
+/-- Whether one of the rows `0..N−1` that are exact (`filled t = false`) sees row `j` at layer `l`:
+the rows `needed_filled_rows` keeps in a sliding-window layer (all rows in a full one). -/
+@[expose] def seenByExact (filled : Nat → Bool) (window : Nat → Nat) (l j : Nat) : Nat → Bool
+  | 0 => false
+  | N + 1 => seenByExact filled window l j N || (!filled N && sees window l N j)
+
+/-- Whether the prefill of an `N`-row prompt in mode `mode` keeps a layer-`l` cache entry for row `j`:
+layers `0..S` and exact rows always; a filled row in a late layer only in a fill mode and only if some
+exact row sees it (`ridgefill.fill.prefill`, `needed_filled_rows`). -/
+@[expose] def writes (mode : FillMode) (split : Nat) (filled : Nat → Bool) (window : Nat → Nat)
+    (N l j : Nat) : Bool :=
+  decide (l ≤ split) || !filled j || (mode.fills && seenByExact filled window l j N)
+
+namespace Decoder
+
+variable {Tok State Cache : Type} (D : Decoder Tok State Cache)
+
+/-- The cache entry of row `j` at layer `l` that the prefill of an `N`-row prompt keeps: the filled
+model's entry `fillCache` where `writes` says one is written, else absent (`none`). -/
+@[expose] noncomputable def entry (tok : Nat → Tok) (mode : FillMode) (P : FillPlan State)
+    (window : Nat → Nat) (N l j : Nat) : Option Cache :=
+  if writes mode P.split P.filled window N l j = true then some (D.fillCache tok P l j) else none
+
+/-- If the exact row `t < N` sees row `j` at layer `l`, some exact row among `0..N−1` sees it.
+Substrate for `no_token_dropped` (`ridgefill.fill.prefill`). -/
+theorem seenByExact_of (filled : Nat → Bool) (window : Nat → Nat) (l j t : Nat)
+    (ht : filled t = false) (hs : sees window l t j = true) :
+    ∀ N, t < N → seenByExact filled window l j N = true
+  | 0, h => absurd h (Nat.not_lt_zero _)
+  | N + 1, h => by
+    show (seenByExact filled window l j N || (!filled N && sees window l N j)) = true
+    by_cases hN : t < N
+    · simp [seenByExact_of filled window l j t ht hs N hN]
+    · have e : t = N := by omega
+      rw [← e, ht, hs]
+      simp
+
+/-- **`no_token_dropped`**: in the fill modes (`ridge`, `centred`, `identity`), every filled row `j`
+has an entry in every late layer `l > S` for every exact row `t < N` that can see it (`sees`: causal,
+and within the window of a sliding-window layer), and that entry is the layer's own cache function at
+`j`'s own position of the prediction `map l j h_S` (norm, K/V projection, RoPE at `j`). Mode `none`
+breaks it (`none_drops_token`). Constrains `ridgefill.fill.prefill` (with the adapters'
+`needed_filled_rows` in sliding-window layers). -/
+theorem no_token_dropped (tok : Nat → Tok) (mode : FillMode) (hm : mode.fills = true)
+    (P : FillPlan State) (window : Nat → Nat) (N l t j : Nat) (hl : P.split < l)
+    (hj : P.filled j = true) (ht : t < N) (hex : P.filled t = false)
+    (hs : sees window l t j = true) :
+    D.entry tok mode P window N l j =
+      some (D.cache l j (P.map l j (fun i => D.input tok (P.split + 1) i.val))) := by
+  have hw : writes mode P.split P.filled window N l j = true := by
+    unfold writes
+    rw [hm, seenByExact_of P.filled window l j t hex hs N ht]
+    simp
+  unfold entry
+  rw [if_pos hw, D.fillCache_of_filled tok P l j hl hj]
+
+/-- In mode `none` no filled row keeps a late-layer entry: `entry = none` for every filled row `j` and
+layer `l > S`, whichever exact rows see it. Constrains `ridgefill.fill.prefill` (mode `none`). -/
+theorem none_entry (tok : Nat → Tok) (P : FillPlan State) (window : Nat → Nat) (N l j : Nat)
+    (hl : P.split < l) (hj : P.filled j = true) :
+    D.entry tok FillMode.none P window N l j = none := by
+  have hw : writes FillMode.none P.split P.filled window N l j = false := by
+    unfold writes
+    rw [hj]
+    have hd : decide (l ≤ P.split) = false := decide_eq_false (by omega)
+    rw [hd]
+    rfl
+  unfold entry
+  rw [hw]
+  exact if_neg (by decide)
+
+/-- **`none_drops_token`** (mode `none` violates `no_token_dropped`): with the toy decoder, split `0`,
+row `0` filled and row `1` exact in a 2-row prompt with full attention, the exact row `1` sees row `0`
+at layer `1`, yet mode `none` keeps no layer-`1` entry for row `0`. Constrains `ridgefill.fill.prefill`
+(mode `none`: late layers hold the exact rows only). -/
+theorem none_drops_token :
+    ∃ (P : FillPlan Nat) (window : Nat → Nat) (N l t j : Nat),
+      P.split < l ∧ P.filled j = true ∧ t < N ∧ P.filled t = false ∧ sees window l t j = true ∧
+        toy.entry (fun k => k) FillMode.none P window N l j = none :=
+  ⟨⟨0, fun k => decide (k = 0), fun _ _ _ => 0⟩, fun _ => 0, 2, 1, 1, 0,
+    by decide, by decide, by decide, by decide, by decide,
+    toy.none_entry (fun k => k) ⟨0, fun k => decide (k = 0), fun _ _ _ => 0⟩ (fun _ => 0) 2 1 0
+      (by decide) (by decide)⟩
 
 end Decoder
 

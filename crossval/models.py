@@ -14,7 +14,7 @@ import torch
 from hypothesis import strategies as st
 from ridgefill import RidgeMaps
 from ridgefill.calibration import calibrate
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 VOCAB = 61
 #: (seed, layers, hidden, attention heads, KV heads): GQA and MHA, 3 to 5 layers.
@@ -30,6 +30,27 @@ def tiny_llama(index: int) -> LlamaForCausalLM:
                       num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=256,
                       rope_theta=10000.0, tie_word_embeddings=False)
     return LlamaForCausalLM(cfg).eval()
+
+
+#: The tiny Gemma 3's sliding window and layer types: sliding-window layers mixed with full ones.
+GEMMA_WINDOW = 6
+GEMMA_TYPES = ("sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention",
+               "sliding_attention")
+
+
+@functools.cache
+def tiny_gemma3() -> Gemma3ForCausalLM:
+    """A random Gemma 3 text model with sliding-window layers (window :data:`GEMMA_WINDOW`, layer types
+    :data:`GEMMA_TYPES`), vocabulary :data:`VOCAB`, hidden 32, 2 heads, 1 KV head, float32, eval mode."""
+    torch.manual_seed(7)
+    cfg = Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=len(GEMMA_TYPES),
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
+        sliding_window=GEMMA_WINDOW, layer_types=list(GEMMA_TYPES), query_pre_attn_scalar=16,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+        tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    return Gemma3ForCausalLM(cfg).eval()
 
 
 class CharTokenizer:

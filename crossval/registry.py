@@ -74,6 +74,13 @@ NO_DROP = (_F + "test_every_row_has_a_cache_entry_at_every_layer",)
 DECODE = (_F + "test_decoding_after_fill_is_an_exact_row_of_the_fill",)
 CONTEXT = (_F + "test_context_features_are_causal",)
 SELECT = ("test_select_props.py::test_selection_keeps_every_row_and_equals_the_one_pass_prefill",)
+SELECTED_CAUSAL = ("test_select_props.py::test_selected_causal_on_the_real_selection",
+                   "test_select_props.py::test_selection_of_earlier_rows_reads_later_tokens")
+ENTRIES = (_F + "test_fill_modes_keep_every_entry_an_exact_row_sees",)
+ROPE = (_F + "test_rope_keys_and_score_shift",)
+CENTRED = (_F + "test_centred_mode_is_ridge_with_identity_and_mean_shift",)
+STABILITY = ("test_stability_props.py::test_fill_error_within_lipschitz_bound",)
+_ROPE = ("ridgefill.adapters.base.apply_rope",)
 NUMERIC_CERTS = (_C + "test_certify_cli_on_tiny_calibrations", _C + "test_real_model_certificates",
                  _C + "test_certificates_reject_wrong_maps_and_tampering")
 RIGOROUS_CERTS = (_C + "test_rigorous_certificate_encloses_exact_residual_and_gap",
@@ -169,9 +176,10 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("KvaLean.ridge_multi_tendsto", "KvaLean/Identity.lean", _SOLVE, LIMIT, "W_λ → W₀ (Frobenius) as λ → ∞"),
     Entry("KvaLean.intercept_err_le", "KvaLean/Identity.lean", ("ridgefill.ridge.fit_maps",), INTERCEPT_ERR,
           "‖b − (x̄ − h̄)‖² ≤ ‖h̄‖² ‖W − I‖²_F"),
-    Entry("KvaLean.fit_maps_tendsto_centred", "KvaLean/Identity.lean", ("ridgefill.ridge.fit_maps",) + _FILL, LIMIT,
+    Entry("KvaLean.fit_maps_tendsto_centred", "KvaLean/Identity.lean", ("ridgefill.ridge.fit_maps",) + _FILL,
+          LIMIT + CENTRED,
           "(W_λ, b_λ) → (I, x̄ − h̄) as λ → ∞: the centred mode, not the identity fill"),
-    Entry("KvaLean.centred_limit_eq_identity_iff", "KvaLean/Identity.lean", _FILL, LIMIT + EXACT_TARGETS,
+    Entry("KvaLean.centred_limit_eq_identity_iff", "KvaLean/Identity.lean", _FILL, LIMIT + EXACT_TARGETS + CENTRED,
           "the limit is the identity fill iff x̄ = h̄"),
     Entry("KvaLean.affineMap_idMat", "KvaLean/Identity.lean", _FILL, LIMIT, "h I + b = h + b"),
     Entry("KvaLean.ridge_err_le_residual", "KvaLean/Identity.lean",
@@ -194,12 +202,21 @@ REGISTRY: tuple[Entry, ...] = (
           "… and every exact row and decoding step has the exact output"),
     Entry("KvaLean.Decoder.exact_mode", "KvaLean/Causality.lean", _FILL, EXACT_MODE,
           "no filled rows: the filled model is the exact model"),
-    Entry("KvaLean.Decoder.no_token_dropped", "KvaLean/Causality.lean", _FILL, NO_DROP,
-          "a cache entry for every row at every layer, from the row's input or its prediction"),
+    Entry("KvaLean.Decoder.reads_every_row", "KvaLean/Causality.lean", _FILL, NO_DROP,
+          "row t reads an entry of every row ≤ t, from the row's input or its prediction"),
+    Entry("KvaLean.Decoder.no_token_dropped", "KvaLean/Causality.lean", _FILL, ENTRIES + NO_DROP,
+          "fill modes: every filled row has an entry in every late layer for every exact row that sees it "
+          "(sliding windows included), the cache of its prediction at its own position"),
+    Entry("KvaLean.Decoder.none_entry", "KvaLean/Causality.lean", _FILL, ENTRIES,
+          "mode none: no filled row keeps a late-layer entry"),
+    Entry("KvaLean.Decoder.none_drops_token", "KvaLean/Causality.lean", _FILL, ENTRIES,
+          "mode none violates no_token_dropped (a counterexample)"),
+    *_entries("Causality", "Decoder.seenByExact_of", _FILL, ENTRIES, "supporting lemma"),
     *_entries("Causality", "Decoder.fillInput_succ Decoder.fillInput_causal", _FILL, CAUSAL, "supporting lemma"),
-    Entry("KvaLean.Decoder.selected_causal", "KvaLean/Causality.lean", _FILL, CAUSAL + SELECT,
-          "exact set chosen from the whole prompt: row t is causal given the selection on rows ≤ t"),
-    Entry("KvaLean.Decoder.selection_not_causal", "KvaLean/Causality.lean", _FILL, SELECT,
+    Entry("KvaLean.Decoder.selected_causal", "KvaLean/Causality.lean", _FILL, CAUSAL + SELECT + SELECTED_CAUSAL,
+          "exact set chosen from the whole prompt: row t is causal given the selection on rows ≤ t "
+          "(checked on ridgefill.select where the selection agrees; no part makes the choice itself causal)"),
+    Entry("KvaLean.Decoder.selection_not_causal", "KvaLean/Causality.lean", _FILL, SELECT + SELECTED_CAUSAL[1:],
           "the selection itself can carry a later token into an earlier row (a counterexample)"),
     Entry("KvaLean.Decoder.decode_eq_fill", "KvaLean/Causality.lean", _FILL, DECODE + EXACT_ROWS,
           "an exact row is decoding over the cache the fill left for the earlier rows"),
@@ -215,11 +232,18 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("KvaLean.Decoder.fillCache_ofContextMap", "KvaLean/Causality.lean", _CONTEXT_FILL, CONTEXT + NO_DROP,
           "context maps: a filled late row writes cache(f(h_S(t), h_S(t − 1))), zero before row 0"),
     # ---- KvaLean/Stability.lean: fill errors propagate with Lipschitz layers -------------------------
-    Entry("KvaLean.Decoder.fill_err_le", "KvaLean/Stability.lean", _FILL, EXACT_ROWS + DECODE,
+    Entry("KvaLean.Decoder.fill_err_le", "KvaLean/Stability.lean", _FILL, STABILITY + EXACT_ROWS + DECODE,
           "Lipschitz layers and caches: every input within B_l, every cache entry within K_c(B_l + δ) "
-          "(the tests check the δ = 0 case only: exact fills give exact rows)"),
+          "(δ > 0 on a tiny decoder with computable constants; δ = 0 on the real fill)"),
     *_entries("Stability", "Decoder.errBound_nonneg Decoder.fillCache_err_le_of Decoder.errBound_zero", _FILL,
-              EXACT_ROWS, "supporting lemma"),
+              STABILITY + EXACT_ROWS, "supporting lemma"),
+    # ---- KvaLean/Rope.lean: RoPE scores depend on q − p; filled and exact keys share the rotation ----
+    Entry("KvaLean.rope_score_rel", "KvaLean/Rope.lean", _ROPE, ROPE,
+          "score(R_p x, R_q k) = score(x, R_(q−p) k) given the angle-subtraction identities"),
+    Entry("KvaLean.rope_score_shift", "KvaLean/Rope.lean", _ROPE, ROPE,
+          "the score is unchanged when query and key positions move together"),
+    Entry("KvaLean.Decoder.fillCache_rope", "KvaLean/Rope.lean", _FILL, ROPE + NO_DROP,
+          "a filled row's entry goes through the same rotation at its position as an exact row's"),
     # ---- KvaLean/Certificate.lean: the exact checker ------------------------------------------------
     Entry("KvaLean.RidgeInstance.check_sound", "KvaLean/Certificate.lean", _CHECK, EXACT_CERTS,
           "an accepted certificate solves the normal equations exactly"),

@@ -13,17 +13,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ridgefill import RidgeMaps, exact_positions, predict_inputs, prefill
 from ridgefill.fill import prefill_instrumented
+from ridgefill import fit_maps
 from ridgefill.adapters import adapter_for
+from ridgefill.adapters.base import apply_rope
 from ridgefill.fill import context_features
 
 from crossval import tally
 from crossval.models import (
     CONFIGS,
+    GEMMA_TYPES,
+    GEMMA_WINDOW,
     VOCAB,
     fitted_maps,
     kv,
     prompts,
     reference,
+    tiny_gemma3,
     tiny_llama,
 )
 
@@ -249,4 +254,138 @@ def test_context_features_are_causal(prompt, data):
         got_k, got_v = kv(res.cache, layer)
         torch.testing.assert_close(got_k[:, :, t: t + 1], k, rtol=0, atol=ATOL)
         torch.testing.assert_close(got_v[:, :, t: t + 1], v, rtol=0, atol=ATOL)
+    tally.example()
+
+
+def sees(window: int, t: int, j: int) -> bool:
+    """Lean ``KvaLean.sees``: row ``t`` attends to row ``j`` (``window = 0``: full causal attention)."""
+    return j <= t and (window == 0 or t - j < window)
+
+
+@given(st.sampled_from(["llama", "gemma3"]), st.sampled_from(["ridge", "centred", "identity", "none"]), st.data())
+def test_fill_modes_keep_every_entry_an_exact_row_sees(family, mode, data):
+    """Lean ``no_token_dropped`` / ``none_drops_token`` on the real cache: in the fill modes every late
+    attention layer writes an entry for exactly the filled rows some exact row sees (all of them under full
+    attention; in Gemma 3's sliding-window layers those within the window of an exact row at or after them,
+    ``needed_filled_rows``), before any exact row reads the layer; in mode ``none`` no filled row writes a
+    late-layer entry although exact rows see them, and the returned late layers hold the exact rows only."""
+    if family == "llama":
+        index = data.draw(st.integers(0, len(CONFIGS) - 1), label="model")
+        model, layers = tiny_llama(index), CONFIGS[index][1]
+        windows = [0] * layers
+        low = 0
+    else:
+        model, layers = tiny_gemma3(), len(GEMMA_TYPES)
+        windows = [GEMMA_WINDOW if t == "sliding_attention" else 0 for t in GEMMA_TYPES]
+        mode = "identity" if mode in ("ridge", "centred") else mode  # no calibration of the Gemma model
+        low = 3  # no pad (0), end (1) or start (2) token: a prompt must not look padded
+    n = data.draw(st.integers(2, 30), label="rows")
+    ids = torch.tensor([data.draw(st.lists(st.integers(low, VOCAB - 1), min_size=n, max_size=n), label="ids")])
+    split = data.draw(st.integers(0, layers - 2), label="split")
+    tail = data.draw(st.integers(1, n), label="tail")
+    exact_rows = data.draw(st.lists(st.integers(0, n - 1), max_size=3, unique=True), label="exact rows")
+    maps = fitted_maps(index, split) if mode in ("ridge", "centred") else None
+    written: dict[int, list[int]] = {}
+
+    def hook(layer, k, v, rows):
+        written.setdefault(layer, []).extend(rows.tolist())
+        return k, v
+
+    res = prefill_instrumented(model, ids, maps, tail=tail, exact_rows=exact_rows, mode=mode, split=split,
+                               kv_hook=hook, select=None)
+    exact = res.exact_positions.tolist()
+    filled = [j for j in range(n) if j not in exact]
+    for layer in range(split + 1, layers):
+        seen = sorted(j for j in filled if any(sees(windows[layer], t, j) for t in exact))
+        if mode == "none":
+            assert layer not in written, f"mode none wrote filled rows {written.get(layer)} at layer {layer}"
+            if windows[layer] == 0:  # a full layer's returned cache: the exact rows only
+                assert kv(res.cache, layer)[0].shape[2] == len(exact)
+            if filled:  # the last row is exact and sees every filled row in a full layer
+                assert seen or windows[layer] > 0
+        else:
+            assert sorted(written.get(layer, [])) == seen, (layer, written.get(layer), seen)
+    tally.example()
+
+
+@given(st.integers(0, len(CONFIGS) - 1), st.integers(0, 120), st.integers(0, 120), st.integers(0, 120),
+       st.integers(0, 2 ** 31))
+def test_rope_keys_and_score_shift(index, p, q, d, seed):
+    """Lean ``rope_score_rel``, ``rope_score_shift`` and ``fillCache_rope`` on the real RoPE
+    (``ridgefill.adapters.base.apply_rope`` with the adapter's tables): the tables satisfy the
+    angle-subtraction identities the theorems assume; the score of a query rotated at ``p`` and a key
+    rotated at ``q`` is the score with the key rotated at ``q − p`` (for ``q ≥ p``), and is unchanged when
+    both move by ``d``; and the key the fill writes for a filled row at position ``p`` (the adapter's
+    ``kv`` and its batched ``fill_kv``) is the key the exact path (the adapter's full ``layer``) writes for
+    the same layer input at ``p``."""
+    model = tiny_llama(index)
+    ad = adapter_for(model)
+    g = torch.Generator().manual_seed(seed)
+    like = torch.zeros(1, 1, CONFIGS[index][2])
+    pos = torch.tensor([p, q, d, abs(q - p), p + d, q + d])
+    rope = ad.rope(pos, like)
+    half = ad.head_dim // 2
+    c, s = rope.cos[0, :, :half].double(), rope.sin[0, :, :half].double()
+    lo, hi = min(p, q), max(p, q)
+    # angle subtraction: c(hi − lo) = c(hi)c(lo) + s(hi)s(lo), s(hi − lo) = s(hi)c(lo) − c(hi)s(lo)
+    i_lo, i_hi = (0, 1) if p <= q else (1, 0)
+    torch.testing.assert_close(c[3], c[i_hi] * c[i_lo] + s[i_hi] * s[i_lo], rtol=0, atol=1e-4)  # float32 tables
+    torch.testing.assert_close(s[3], s[i_hi] * c[i_lo] - c[i_hi] * s[i_lo], rtol=0, atol=1e-4)
+    assert hi - lo == abs(q - p)
+    x = torch.randn(1, 1, 2, ad.head_dim, generator=g)  # [batch, heads, rows, head_dim]: query, key
+
+    def score(a, b):
+        qr = apply_rope(x[:, :, :1], rope.rows(torch.tensor([a])))
+        kr = apply_rope(x[:, :, 1:], rope.rows(torch.tensor([b])))
+        return float((qr * kr).sum())
+
+    size = float(x.norm()) ** 2
+    assert abs(score(4, 5) - score(0, 1)) <= 1e-4 * size  # moved by d (rows 4, 5 of the tables: p + d, q + d)
+    if p <= q:
+        rel = float((x[:, :, :1] * apply_rope(x[:, :, 1:], rope.rows(torch.tensor([3])))).sum())
+        assert abs(score(0, 1) - rel) <= 1e-4 * size
+    # the key of a filled row at p = the key the exact layer writes for the same input at p
+    layer = CONFIGS[index][1] - 1
+    h = torch.randn(1, 1, CONFIGS[index][2], generator=g)
+    at_p = ad.rope(torch.tensor([p]), h)
+    shape = (1, ad.num_kv_heads, p + 1, ad.head_dim)
+    keys, values = h.new_zeros(shape), h.new_zeros(shape)
+    fk, fv = h.new_zeros(1, 1, ad.num_kv_heads, 1, ad.head_dim), h.new_zeros(1, 1, ad.num_kv_heads, 1, ad.head_dim)
+    with torch.no_grad():
+        k_fill, v_fill = ad.kv(layer, h, at_p)  # a filled row's entry (per-layer path)
+        ad.layer(layer, h, at_p, torch.tensor([p]), keys, values)  # an exact row's entry
+        ad.fill_kv(range(layer, layer + 1), h, None, None, at_p, fk, fv)  # the batched fill path
+    torch.testing.assert_close(keys[:, :, p:], k_fill, rtol=0, atol=ATOL)
+    torch.testing.assert_close(values[:, :, p:], v_fill, rtol=0, atol=ATOL)
+    torch.testing.assert_close(fk[0], k_fill, rtol=0, atol=ATOL)
+    torch.testing.assert_close(fv[0], v_fill, rtol=0, atol=ATOL)
+    tally.example()
+
+
+@given(prompts(), st.sampled_from([0, 1]))
+def test_centred_mode_is_ridge_with_identity_and_mean_shift(prompt, refit):
+    """Mode ``centred`` is the ridge fill with the maps ``W_l = I``, ``b_l = x̄_l − h̄``
+    (``RidgeMaps.centred_biases``): the same cache and logits; and (Lean ``fit_maps_tendsto_centred``) the
+    ridge fill with maps refitted from the same statistics at ``λ = 10¹²`` comes within ``10⁻³`` of it."""
+    index, ids, split, tail, exact_rows = prompt
+    model = tiny_llama(index)
+    layers, d = CONFIGS[index][1], CONFIGS[index][2]
+    maps = fitted_maps(index, split)
+    late = layers - split - 1
+    if refit:
+        fitted = fit_maps(maps.stats, 1e12)
+        other = RidgeMaps(split, fitted.weights.float(), fitted.biases.float(), [1e12] * late, dict(maps.meta))
+        tol = 1e-3
+    else:
+        other = RidgeMaps(split, torch.eye(d).repeat(late, 1, 1), maps.centred_biases().float(), [float("inf")] * late,
+                          dict(maps.meta))
+        tol = ATOL
+    a = prefill_instrumented(model, ids, maps, tail=tail, exact_rows=exact_rows, mode="centred", logits="exact",
+                             select=None)
+    b = prefill_instrumented(model, ids, other, tail=tail, exact_rows=exact_rows, mode="ridge", logits="exact",
+                             select=None)
+    torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=tol)
+    for layer in range(layers):
+        for x, y in zip(kv(a.cache, layer), kv(b.cache, layer)):
+            torch.testing.assert_close(x, y, rtol=0, atol=tol)
     tally.example()

@@ -74,7 +74,7 @@ def test_registry_tests_exist_and_every_property_test_is_registered():
         module = importlib.import_module(f"crossval.{file.removesuffix('.py')}")
         assert callable(getattr(module, func, None)), f"{test} does not exist"
     for file in ("test_ridge_props.py", "test_fill_props.py", "test_certificates.py",
-                 "test_identity_limit.py", "test_stream_props.py"):
+                 "test_identity_limit.py", "test_stream_props.py", "test_stability_props.py"):
         module = importlib.import_module(f"crossval.{file.removesuffix('.py')}")
         tests = {f"{file}::{n}" for n in dir(module) if n.startswith("test_")}
         assert tests <= named, f"crossval tests checking no registered theorem: {sorted(tests - named)}"

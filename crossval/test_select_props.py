@@ -24,11 +24,11 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from ridgefill import prefill
 from ridgefill.fill import prefill_instrumented
-from ridgefill.select import NGRAM_SIZES, Select, Selection, as_selection, choose_rows, ngram_scores
+from ridgefill.select import NGRAM_SIZES, Select, Selection, as_selection, choose_rows, leverage_scores, ngram_scores
 from ridgefill.ridge import RidgeStats, fit_maps
 
 from crossval import tally
-from crossval.models import CONFIGS, fitted_maps, kv, prompts, tiny_llama
+from crossval.models import CONFIGS, VOCAB, fitted_maps, kv, prompts, reference, tiny_llama
 
 selects = st.builds(Select, budget=st.integers(1, 12), before=st.integers(0, 3), after=st.integers(0, 4),
                     queries=st.integers(1, 3), heads=st.sampled_from(["sum", "max"]), rounds=st.integers(1, 2),
@@ -114,4 +114,77 @@ def test_kv_map_fit_equals_float64_reference(seed, hidden, outputs, lam):
         b = y[layer].mean(0) - h.mean(0) @ w
         torch.testing.assert_close(fitted.weights[layer], w, rtol=1e-9, atol=1e-9)
         torch.testing.assert_close(fitted.biases[layer], b, rtol=1e-9, atol=1e-9)
+    tally.example()
+
+
+def _exact_upto(res, t: int) -> list[int]:
+    """The exact rows ``≤ t`` of a prefill (tail, exact rows and chosen rows)."""
+    return [r for r in res.exact_positions.tolist() if r <= t]
+
+
+def _select(by: str, budget: int) -> Select:
+    """One part of kind ``by`` choosing ``budget`` rows, no widening, no sink rows, any lexical match."""
+    return Select(by=by, budget=budget, before=0, after=0, queries=3, sink=0, contrast=0, heads="sum")
+
+
+@given(prompts(min_rows=6), st.sampled_from(["ngram", "leverage", "attention"]), st.integers(1, 4), st.data())
+def test_selected_causal_on_the_real_selection(prompt, by, budget, data):
+    """Lean ``selected_causal`` on :mod:`ridgefill.select`. Its hypothesis: the two prompts agree on tokens
+    ``0..t`` and the selection agrees on which rows ``0..t`` are exact; its conclusion: rows ``≤ t`` get the
+    same cache entries at every layer. Drawn prompts whose tokens after ``t`` change: where the real
+    selection agrees on rows ``≤ t`` the conclusion is checked on the real cache; and for the
+    query-agnostic part the per-row scores (leverage of ``h_S(j)``) of rows ``≤ t`` are unchanged, while
+    the choice among them reads every row (``test_selection_of_earlier_rows_reads_later_tokens``)."""
+    index, ids, split, tail, _ = prompt
+    n = ids.shape[1]
+    tail = min(tail, n - 2)
+    t = data.draw(st.integers(0, n - tail - 1), label="t")  # rows ≤ t lie before the tail
+    shift = torch.tensor(data.draw(st.lists(st.integers(1, VOCAB - 1), min_size=n - t - 1, max_size=n - t - 1),
+                                   label="token changes"))
+    changed = ids.clone()
+    changed[:, t + 1:] = (changed[:, t + 1:] + shift) % VOCAB
+    model, maps = tiny_llama(index), fitted_maps(index, split)
+    sel = _select(by, budget)
+    a = prefill(model, ids, maps, tail=tail, split=split, select=sel)
+    b = prefill(model, changed, maps, tail=tail, split=split, select=sel)
+    if by == "leverage":  # the query-agnostic scores are causal: row j's reads h_S(j) only
+        ha = reference(model, ids).hidden_states[split + 1]
+        hb = reference(model, changed).hidden_states[split + 1]
+        sa, sb = leverage_scores(ha, maps.mean_h, maps.cov_h), leverage_scores(hb, maps.mean_h, maps.cov_h)
+        torch.testing.assert_close(sa[: t + 1], sb[: t + 1], rtol=1e-5, atol=1e-6)
+    if _exact_upto(a, t) == _exact_upto(b, t):  # the hypothesis holds for this pair: check the conclusion
+        for layer in range(CONFIGS[index][1]):
+            (ka, va), (kb, vb) = kv(a.cache, layer), kv(b.cache, layer)
+            torch.testing.assert_close(ka[:, :, : t + 1], kb[:, :, : t + 1], rtol=0, atol=1e-5)
+            torch.testing.assert_close(va[:, :, : t + 1], vb[:, :, : t + 1], rtol=0, atol=1e-5)
+    tally.example()
+
+
+def test_selection_of_earlier_rows_reads_later_tokens():
+    """Where ``selected_causal``'s hypothesis fails on the real selection (as ``selection_not_causal`` says it
+    may): for each kind of part, two prompts that agree on tokens ``0..t`` whose selection differs on rows
+    ``≤ t``. The lexical part scores rows by the sequences they share with the question (the tail); the
+    attention parts by the attention the tail's rows pay them; the query-agnostic part ranks every row's
+    leverage against the others' (its scores are causal, its choice is not)."""
+    model, maps, split = tiny_llama(0), fitted_maps(0, 1), 1
+    # lexical: row 2 ends "5 6 7", which the question (last 3 rows) repeats in the first prompt only
+    first = torch.tensor([[5, 6, 7, 9, 10, 11, 12, 13, 14, 5, 6, 7]])
+    second = first.clone()
+    second[0, -3:] = torch.tensor([20, 21, 22])
+    a = prefill(model, first, maps, tail=3, split=split, select=_select("ngram", 1))
+    b = prefill(model, second, maps, tail=3, split=split, select=_select("ngram", 1))
+    assert _exact_upto(a, 8) == [2] and _exact_upto(b, 8) == []
+    for by in ("attention", "leverage"):  # found among fixed random prompts
+        g = torch.Generator().manual_seed(11)
+        found = None
+        for trial in range(40):
+            ids = torch.randint(0, VOCAB, (1, 24), generator=g)
+            changed = ids.clone()
+            changed[0, 12:] = torch.randint(0, VOCAB, (12,), generator=g)
+            a = prefill(model, ids, maps, tail=4, split=split, select=_select(by, 2))
+            b = prefill(model, changed, maps, tail=4, split=split, select=_select(by, 2))
+            if _exact_upto(a, 11) != _exact_upto(b, 11):
+                found = trial
+                break
+        assert found is not None, f"no prompt pair among 40 changed the {by} part's choice of rows ≤ 11"
     tally.example()
