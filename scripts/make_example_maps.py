@@ -101,6 +101,24 @@ def edit_metadata(src: Path, dst: Path, **fields) -> None:
     dst.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + n:])
 
 
+def corrupted_copies(data: Path, tmp: Path) -> list[tuple[Path, str | None]]:
+    """Damaged copies of the example files in ``data``, written under ``tmp``, each with the regular
+    expression of the error a reader must raise (``None``: the copy must load, its ``model_name`` being
+    ``"renamed"``: provenance is not hashed). Both environments' tests read these cases."""
+    cases: list[tuple[Path, str | None]] = []
+    for tensor in ("weights", "biases", "cov_h"):
+        flip_tensor_byte(data / "context.safetensors", tmp / f"flipped-{tensor}.safetensors", tensor)
+        cases.append((tmp / f"flipped-{tensor}.safetensors", f"is corrupted: tensor {tensor} differs"))
+    edit_metadata(data / "inputs.safetensors", tmp / "edited.safetensors", split=2)
+    cases.append((tmp / "edited.safetensors", r"is corrupted: its header fields \(context, context_penalty"))
+    edit_metadata(data / "inputs.safetensors", tmp / "named.safetensors", model_name="renamed")
+    cases.append((tmp / "named.safetensors", None))
+    raw = (data / "inputs.safetensors").read_bytes()
+    (tmp / "cut.safetensors").write_bytes(raw[:len(raw) - 10])
+    cases.append((tmp / "cut.safetensors", "truncated or corrupted"))
+    return cases
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", nargs="?", default=str(DEFAULT_OUT), help="folder to write (default: tests/data/maps)")
