@@ -571,6 +571,38 @@ def test_concurrent_saves_leave_a_matching_pair(tmp_path):
     m = load_maps(path)
     _, smeta = load_stats(stats_path(path))
     assert smeta["maps_sha256"] == maps_digest(m.weights, m.biases)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pair.safetensors", "pair.stats.safetensors"]  # no lock file
+
+
+def test_removed_lock_file_still_excludes(tmp_path):
+    """file_lock(remove=True) deletes the lock file as it lets go; a taker that waited on the deleted file
+    starts again on the new one, so two holders never overlap (threads: flock locks open files, so two
+    opens in one process exclude each other as two processes do)."""
+    import threading
+
+    from ridgefill.fileio import file_lock
+
+    lock = tmp_path / ".x.lock"
+    inside, most, errors = [0], [0], []
+
+    def worker():
+        try:
+            for _ in range(60):
+                with file_lock(lock, remove=True):
+                    inside[0] += 1
+                    most[0] = max(most[0], inside[0])
+                    time.sleep(0.0005)
+                    inside[0] -= 1
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == [] and most[0] == 1
+    assert not lock.exists()
 
 
 def test_maps_file_replaced_while_read(tmp_path, maps, monkeypatch):

@@ -185,7 +185,7 @@ def test_too_little_room_is_refused_before_anything_is_written(tmp_path, maps, m
         maps.save(tmp_path / "m.safetensors")
     with pytest.raises(WriteError, match="report.json"):
         fileio.write_json(tmp_path / "report.json", {"rows": list(range(1000))})
-    assert [p.name for p in tmp_path.iterdir()] == [".m.lock"]  # the pair's lock file only
+    assert [p.name for p in tmp_path.iterdir()] == []  # nothing, not even the pair's lock file
 
 
 def test_a_failed_checkpoint_write_keeps_the_finished_pass(tmp_path, model, maps, monkeypatch, capsys):

@@ -123,13 +123,16 @@ def write_json(path: str | os.PathLike, obj) -> Path:
 
 
 @contextlib.contextmanager
-def file_lock(path: str | os.PathLike) -> Iterator[None]:
+def file_lock(path: str | os.PathLike, *, remove: bool = False) -> Iterator[None]:
     """Hold an exclusive advisory lock (``fcntl.flock``) on the lock file ``path`` while the block runs.
 
     Writers of files that belong together (a maps file and its statistics) take the same lock, so two
-    processes cannot interleave their writes. The lock file is created if needed and left in place
-    (removing it would race with a waiting process). Where ``fcntl`` is unavailable (not POSIX) this is a
-    no-op.
+    processes cannot interleave their writes. The lock file is created if needed. With ``remove``, the
+    holder deletes it before letting go, so nothing is left beside the files it guards; this stays safe
+    because every taker, once it holds the lock, checks that ``path`` is still the file it locked (same
+    device and inode) and starts again on the new file otherwise: a process that waited on a file removed
+    meanwhile never runs beside one that locked its successor. Where ``fcntl`` is unavailable (not POSIX)
+    this is a no-op.
     """
     path = Path(path)
     try:
@@ -138,9 +141,27 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
         yield
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+    while True:
+        fh = open(path, "a+b")
         try:
-            yield
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            held = os.fstat(fh.fileno())
+            try:
+                now = os.stat(path)
+            except FileNotFoundError:
+                now = None
+            if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                break
+        except BaseException:
+            fh.close()
+            raise
+        fh.close()  # removed or replaced while this process waited: lock the file now at path
+    try:
+        yield
+    finally:
+        try:
+            if remove:
+                path.unlink(missing_ok=True)
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            fh.close()

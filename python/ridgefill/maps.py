@@ -290,7 +290,8 @@ class RidgeMaps:
         """Write the maps to ``path`` atomically (temp file in the same folder, then rename), and their
         statistics, when present, to :func:`stats_path` ``(path)`` (a stale statistics file there is
         removed when there are none). Both are written under the lock :func:`pair_lock_path` ``(path)``,
-        so concurrent saves to one path leave one save's maps and statistics, never a mix."""
+        so concurrent saves to one path leave one save's maps and statistics, never a mix; the lock file is
+        removed when the save ends."""
         w = self.weights
         if self.context not in (0, 1) or w.ndim != 3 or w.shape[1] % (1 + self.context) or (
                 self.kind == "inputs" and w.shape[1] != w.shape[2] * (1 + self.context)):
@@ -324,7 +325,8 @@ class RidgeMaps:
                 "model_hash": self.meta.get("model_hash"), "text_sha256": self.meta.get("text_sha256")})
             writes.append((stats_path(path), safetensors_bytes(stats_tensors, metadata={"ridgefill_stats": stats_text})))
         writes.append((path, safetensors_bytes(tensors, metadata={"ridgefill": text})))
-        with file_lock(pair_lock_path(path)):  # two runs saving here cannot leave a mixed maps/stats pair
+        # two runs saving here cannot leave a mixed maps/stats pair; the lock file is removed after
+        with file_lock(pair_lock_path(path), remove=True):
             if self.stats is None:  # statistics of earlier maps at this path would not belong to these
                 stats_path(path).unlink(missing_ok=True)
             return atomic_write_all(writes)[-1]
@@ -379,7 +381,8 @@ def stats_path(maps_path: str | os.PathLike) -> Path:
 
 
 def pair_lock_path(maps_path: str | os.PathLike) -> Path:
-    """The lock file guarding a maps file and its statistics: ``.<name>.lock`` beside them."""
+    """The lock file guarding a maps file and its statistics: ``.<name>.lock`` beside them, there only while
+    a save holds it (:func:`ridgefill.fileio.file_lock` with ``remove``)."""
     p = Path(maps_path)
     return p.with_name("." + p.name.removesuffix(".safetensors") + ".lock")
 
