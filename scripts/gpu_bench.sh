@@ -14,6 +14,7 @@
 # Needs: the project importable in the active Python (pip install -e ., or PYTHONPATH=python), a CUDA
 # build of torch, and one GPU with at least 80 GB (128K tokens: 16 GB of weights, 16 GB of KV cache,
 # activations). About 4 minutes on an H200, most of it the 128K prefills.
+# bench.json records the command with the JSON file's name only (no folder of this machine).
 # Environment: PYTHON (default: python3), LENGTHS (default: 8k,32k,128k), REPEATS (default: 3),
 #              SELECT (default: on; `off` times the plain fill only).
 set -euo pipefail

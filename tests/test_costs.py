@@ -260,3 +260,12 @@ def test_bench_bad_input_is_a_clear_error(capsys, args, message):
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error:") and message in err
+
+
+def test_recorded_command_names_the_json_file_only():
+    """The command a bench result records carries no folder of the machine that ran it."""
+    from ridgefill.cli import recorded_command
+
+    assert recorded_command(["bench", "--lengths", "8k", "--json", "/some/where/out/bench.json"]) == \
+        "ridgefill bench --lengths 8k --json bench.json"
+    assert recorded_command(["bench", "--json=/abs/r.json", "--split", "16"]) == "ridgefill bench --json=r.json --split 16"

@@ -265,12 +265,27 @@ def _cmd_generate(a) -> None:
     print(tok.decode(new[0], skip_special_tokens=True))
 
 
+def recorded_command(args: list[str]) -> str:
+    """The command line a result file records: ``ridgefill`` and ``args``, the ``--json`` file given by its
+    name only (a folder on the machine that ran it says nothing about the result)."""
+    out, after_json = [], False
+    for arg in args:
+        if after_json:
+            arg, after_json = Path(arg).name, False
+        elif arg == "--json":
+            after_json = True
+        elif arg.startswith("--json="):
+            arg = "--json=" + Path(arg.removeprefix("--json=")).name
+        out.append(arg)
+    return " ".join(["ridgefill", *out])
+
+
 def _cmd_bench(a) -> None:
     from ..bench import BenchConfig, bench, format_table  # heavy
 
     cfg = BenchConfig(model=a.model, device=a.device, lengths=a.lengths, split=a.split, tail=a.tail,
                       repeats=a.repeats, threads=a.threads, json=a.json, select=a.select,
-                      command="ridgefill " + " ".join(sys.argv[1:]) if sys.argv else "ridgefill bench")
+                      command=recorded_command(sys.argv[1:]) if sys.argv else "ridgefill bench")
     print(format_table(bench(cfg)))
 
 
