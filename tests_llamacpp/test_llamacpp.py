@@ -68,15 +68,17 @@ def prompts(smollm2):
 
 
 @pytest.fixture(scope="module")
-def maps(smollm2, tmp_path_factory):
-    """Context maps at S = 15 fitted on 4,096 calibration tokens (chunks of 512), and their GGUF export."""
+def maps(smollm2, build, tmp_path_factory):
+    """Context maps at S = 15 fitted on 4,096 calibration tokens (chunks of 512), and their GGUF export for
+    the bundled GGUF model."""
     from ridgefill.calibration import calibrate
     from ridgefill.export_gguf import export_gguf
 
     model, tok = smollm2
     m = calibrate(model, tok, tokens=4096, chunk=512, progress=False)
     assert m.context == 1 and m.split == 15
-    path = export_gguf(m, tmp_path_factory.mktemp("maps") / "maps.gguf", tail=TAIL)
+    path = export_gguf(m, tmp_path_factory.mktemp("maps") / "maps.gguf",
+                       model=build / "SmolLM2-135M-Instruct.Q4_1.gguf", tail=TAIL)
     return m, path
 
 

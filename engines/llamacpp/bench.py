@@ -72,7 +72,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
-        gguf_maps = export_gguf(maps, tmp / "maps.gguf", tail=a.tail)
+        gguf_maps = export_gguf(maps, tmp / "maps.gguf", model=build / "SmolLM2-135M-Instruct.Q4_1.gguf", tail=a.tail)
         for n in a.lengths:
             prompt = ids[1000:1000 + n]
             t = {"ll_exact": [], "ll_fill": [], "pt_exact": [], "pt_fill": []}

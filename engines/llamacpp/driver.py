@@ -4,9 +4,12 @@
 
 REQUEST.json: ``{"build": DIR, "model": GGUF, "prompts": [[ids...], ...], "n_ubatch": 512, "n_batch": 2048,
 "gen": 12, "threads": 2, "repeats": 1}``. ``DIR`` is a folder that ``build.sh`` wrote (``lib/`` with the
-shared libraries, ``python/llama_cpp`` with the binding). The fill is on when ``RIDGEFILL_MAPS`` is set in
-the environment (and ``RIDGEFILL_TAIL`` when given); this driver sets ``RIDGEFILL_N_PROMPT`` to each prompt's
-length before processing it.
+shared libraries, ``python/llama_cpp`` with the binding). ``"texts": ["...", ...]`` instead of ``prompts``:
+texts tokenised with the model's own vocabulary (``llama_tokenize``, special tokens added). The fill is on
+when ``RIDGEFILL_MAPS`` is set in the environment (and ``RIDGEFILL_TAIL`` when given); this driver sets
+``RIDGEFILL_N_PROMPT`` to each prompt's length before processing it (``"set_n_prompt": false`` leaves the
+variable as the environment has it). Prints one line per run and prompt on stdout: its length, the time
+and the greedy tokens.
 
 Several runs in one process (the model loaded once): ``"runs": [{"name": NAME, "env": {"RIDGEFILL_MAPS":
 PATH, "RIDGEFILL_TAIL": "64"}, "n_ubatch": 100, ...}, ...]``; each run takes the top-level settings it does
@@ -14,14 +17,16 @@ not give, sets the ``RIDGEFILL_*`` variables of its ``env`` and unsets the other
 excepted), and gets a context of its own.
 
 OUT.npz: ``logits`` ``[prompts, vocab]`` float32, the last prompt token's logits; ``tokens`` ``[prompts, gen]``
-int64, the greedy continuation (with ``"force": [[ids...], ...]``, a run's ``gen - 1`` tokens per prompt
+int64, the greedy continuation; ``lengths`` ``[prompts]`` int64, the prompt lengths (with ``"force": [[ids...], ...]``, a run's ``gen - 1`` tokens per prompt
 fed after it instead of the greedy ones: teacher forcing, ``tokens`` then holds the argmax at each step); ``seconds`` ``[prompts, repeats]`` float64, the prompt-processing times
 (one ``llama_decode`` per batch of ``n_batch`` tokens, the KV cache cleared before each repeat); with ``"step_logits": true``,
 ``step_logits`` ``[prompts, gen, vocab]`` float32, the logits each greedy step chose from. With
 ``runs``, each key is prefixed by the run's name and a slash (``NAME/logits``).
 
 Errors: exits with status 2 and a message on stderr when the model does not load, a run has no name or
-two runs share one, or ``llama_decode`` fails.
+two runs share one, or ``llama_decode`` fails. The patched build stops the process itself (exit status 1,
+one ``ridgefill: ...`` line on stderr) on a bad maps file or a missing or bad ``RIDGEFILL_N_PROMPT`` or
+``RIDGEFILL_TAIL`` (docs/llamacpp.md).
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ def main(request: str, out: str) -> int:
                 os.environ.update({k: str(v) for k, v in run.get("env", {}).items()})
             got = _run(C, model, {**{k: v for k, v in req.items() if k != "runs"}, **run})
             prefix = f"{run['name']}/" if multi else ""
+            for i, (n, secs, toks) in enumerate(zip(got["lengths"], got["seconds"], got["tokens"])):
+                print(f"{prefix}prompt {i}: {n} tokens in {min(secs):.2f} s; greedy tokens {toks.tolist()}")
             result.update({prefix + k: v for k, v in got.items()})
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -82,9 +89,24 @@ def main(request: str, out: str) -> int:
     return 0
 
 
+def _tokenize(C, model, text: str) -> list[int]:
+    """``text``'s token ids in the model's vocabulary (special tokens such as BOS added as the model asks)."""
+    vocab = C.llama_model_get_vocab(model)
+    data = text.encode()
+    n_max = len(data) + 16
+    ids = (C.llama_token * n_max)()
+    n = C.llama_tokenize(vocab, data, len(data), ids, n_max, True, False)
+    if n < 0:
+        raise RuntimeError(f"llama_tokenize needs {-n} tokens, more than {n_max}")
+    return list(ids[:n])
+
+
 def _run(C, model, req: dict) -> dict:
     """One run: a context with the run's ubatch and batch sizes; logits, greedy tokens and times per prompt."""
-    prompts = [list(map(int, p)) for p in req["prompts"]]
+    if "texts" in req:
+        prompts = [_tokenize(C, model, t) for t in req["texts"]]
+    else:
+        prompts = [list(map(int, p)) for p in req["prompts"]]
     gen = int(req.get("gen", 0))
     n_batch = int(req.get("n_batch", 2048))
     cp = C.llama_context_default_params()
@@ -125,7 +147,8 @@ def _run(C, model, req: dict) -> dict:
         raise RuntimeError(f"force needs {gen - 1} tokens for each of the {len(prompts)} prompts")
     try:
         for i, p in enumerate(prompts):
-            os.environ["RIDGEFILL_N_PROMPT"] = str(len(p))
+            if req.get("set_n_prompt", True):
+                os.environ["RIDGEFILL_N_PROMPT"] = str(len(p))
             times = []
             for _ in range(repeats):
                 C.llama_memory_clear(mem, True)
@@ -150,7 +173,7 @@ def _run(C, model, req: dict) -> dict:
         C.llama_batch_free(batch)
         C.llama_free(ctx)
     out = {"logits": np.stack(logits), "tokens": np.array(tokens, dtype=np.int64).reshape(len(prompts), gen),
-           "seconds": np.array(seconds, dtype=np.float64)}
+           "seconds": np.array(seconds, dtype=np.float64), "lengths": np.array([len(p) for p in prompts])}
     if req.get("step_logits"):
         out["step_logits"] = np.array(step_logits, dtype=np.float32).reshape(len(prompts), gen, -1)
     return out
