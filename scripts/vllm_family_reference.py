@@ -10,12 +10,14 @@ Runs in the project's main environment (``transformers`` 5.24), not in the vLLM 
 2. fits context maps at split ``--split`` (``ridgefill.calibration.calibrate``, one token per byte of the
    calibration novels, 2,048 tokens),
 3. for two evaluation-text prompts of ``--lengths`` tokens (one token per byte) runs ``ridgefill.prefill``
-   (mode ``ridge``, the last ``--tail`` rows exact, no row selection) and ``generate_after`` (greedy), and the
-   exact model on the same prompts and on a short prompt of ``--tail`` tokens,
+   (mode ``ridge``, the last ``--tail`` rows exact, no row selection) and ``generate_after`` (greedy), for the
+   families of ``--select`` also with the default row selection (``select="on"``), for those of ``--sum-heads``
+   with ``select="heads=sum"``, and the exact model on the same prompts and on a short prompt of ``--tail``
+   tokens,
 
 and writes a JSON file: per family the model folder, maps file, vLLM architecture, and per prompt the token
 ids, the top-``k`` log-probabilities of the first generated token (float64 log-softmax), the greedy tokens,
-for the fill and for the exact model, and the smallest gap between the two best logits along the greedy
+for the fill, the fill with selection (with its chosen rows) and the exact model, and the smallest gap between the two best logits along the greedy
 continuation (``margin``: greedy equality is meaningful when it is well above the tolerance).
 
 Usage: ``python scripts/vllm_family_reference.py --out families.json --dir DIR [--families qwen2,gemma3_text]``
@@ -41,6 +43,9 @@ VOCAB, HIDDEN, LAYERS = 512, 128, 4
 COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
               pad_token_id=0, eos_token_id=1, bos_token_id=2, initializer_range=0.1)
+#: a selection whose attention part scores with every head of every late layer (the default keeps the 8 heads
+#: of highest induction score, which in the tiny Gemma 3 are all in its full layers)
+SUM_SPEC = "heads=sum"
 #: the LM head is scaled by this so that the logits are not near-uniform (greedy steps have clear winners)
 LOGIT_SCALE = 8.0
 
@@ -105,6 +110,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--dir", required=True, help="folder for the model folders and maps")
     ap.add_argument("--families", default="qwen2,qwen3,qwen3_moe,mistral,phi3,gemma3_text")
+    ap.add_argument("--select", default="qwen2,qwen3,qwen3_moe,mistral,phi3,gemma3_text",
+                    help="families whose filled prompts also run with the default row selection (select='on')")
+    ap.add_argument("--sum-heads", default="gemma3_text",
+                    help=f"families whose filled prompts also run with select={SUM_SPEC!r} (every head scores)")
     ap.add_argument("--split", type=int, default=1)
     ap.add_argument("--tail", type=int, default=32)
     ap.add_argument("--lengths", default="300,200", help="prompt lengths in tokens, comma-separated")
@@ -122,6 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     calib = {k: texts[k][:20_000] for k in CALIBRATION_BOOKS[:2]}
     text = texts[EVALUATION_BOOKS[0]]
     lengths = [int(x) for x in args.lengths.split(",")]
+    select = set(args.select.split(",")) if args.select else set()
+    sum_heads = set(args.sum_heads.split(",")) if args.sum_heads else set()
     out = {"split": args.split, "tail": args.tail, "families": {}}
     for name in args.families.split(","):
         arch, make = configs[name]
@@ -148,6 +159,13 @@ def main(argv: list[str] | None = None) -> None:
                 new = generate_after(model, ids, res, max_new_tokens=args.gen_tokens)
                 entry["fill"] = dict(zip(("top_ids", "top_logprobs"), _top(res.logits[0, -1], args.top)),
                                      greedy=new[0].tolist(), margin=_margin(model, ids, new))
+            for key, spec, families in (("select", "on", select), ("select_sum", SUM_SPEC, sum_heads)):
+                if n > args.tail and name in families:
+                    res = prefill(model, ids, maps, tail=args.tail, select=spec, mode="ridge")
+                    new = generate_after(model, ids, res, max_new_tokens=args.gen_tokens)
+                    entry[key] = dict(zip(("top_ids", "top_logprobs"), _top(res.logits[0, -1], args.top)),
+                                      greedy=new[0].tolist(), margin=_margin(model, ids, new),
+                                      selected=res.selected.tolist())
             prompts.append(entry)
         out["families"][name] = {"model_dir": str(folder.resolve()), "maps": str(maps_path.resolve()),
                                  "architecture": arch, "prompts": prompts}

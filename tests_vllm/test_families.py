@@ -1,12 +1,13 @@
 """The dense families other than Llama served by the plugin (``RidgeFill<Arch>ForCausalLM``), against the
-reference ``ridgefill.prefill`` and against vLLM's own class, with the plain fill (``"select": "off"``: row
-selection is served for Llama only).
+reference ``ridgefill.prefill`` and against vLLM's own class, with the plain fill (``"select": "off"``) and with
+the default row selection (``"select": "on"``; Gemma 3 with vLLM's hybrid KV-cache manager off).
 
 Models: per family a tiny random checkpoint saved from a ``transformers`` config, with context maps at split
 S = 1 fitted by ``ridgefill``'s calibration (``scripts/vllm_family_reference.py``, run once in the main
 environment). Prompts: 300 and 200 tokens (tail 32: filled rows 0-267 and 0-167) and one of 32 tokens (all
 exact), sent in one ``generate`` call to an engine with chunked prefill at 128 tokens per step, so the fill runs
-in chunks, beside the other prompts and decoding tokens. All engines run one after another in one process
+in chunks, beside the other prompts and decoding tokens; with selection on, each long prompt selects in the step
+of its last chunk, over rows of the chunks before. All engines run one after another in one process
 (``tests_vllm/run_engine.py``, ``runs``).
 """
 
@@ -19,6 +20,12 @@ import pytest
 from conftest import MAIN_PYTHON, REPO, run_engine
 
 FAMILIES = ["qwen2", "qwen3", "qwen3_moe", "mistral", "phi3", "gemma3_text"]
+#: the families whose row selection runs here (all); Gemma 3's needs vLLM's hybrid KV-cache manager off
+SELECT = FAMILIES
+SELECT_ENGINE = {"gemma3_text": {"disable_hybrid_kv_cache_manager": True}}
+#: families also run with every head scoring (``heads=sum``): the default keeps the 8 heads of highest induction
+#: score, all in the tiny Gemma 3's full layers, so only this scores in its sliding layer (within the window)
+SUM_HEADS, SUM_SPEC = ["gemma3_text"], "heads=sum"
 GEN, TOP = 8, 10
 #: fill against the reference: float32 rounding of two implementations of the same arithmetic (as the Llama
 #: test); the all-exact prompt against vLLM's own class: the same kernels, another batch
@@ -33,28 +40,40 @@ def family_reference(work_dir) -> dict:
     if not out.exists():
         env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         subprocess.run([str(MAIN_PYTHON), str(REPO / "scripts" / "vllm_family_reference.py"), "--out", str(out),
-                        "--dir", str(work_dir / "families"), "--families", ",".join(FAMILIES)], check=True, env=env)
+                        "--dir", str(work_dir / "families"), "--families", ",".join(FAMILIES),
+                        "--select", ",".join(SELECT), "--sum-heads", ",".join(SUM_HEADS)], check=True, env=env)
     return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
 def family_runs(family_reference, work_dir) -> dict:
-    """Per family: ``own`` (vLLM's class, no maps) and ``fill`` (the RidgeFill class, with its step log)."""
-    tail, runs, logs = family_reference["tail"], [], {}
+    """Per family: ``own`` (vLLM's class, no maps), ``fill`` (the RidgeFill class, selection off) with its step
+    log ``steps``, for the families of ``SELECT`` ``select`` (selection on) and of ``SUM_HEADS`` ``select_sum``
+    (``heads=sum``), each with its step log ``<run>_steps``."""
+    tail, runs, keys, logs = family_reference["tail"], [], [], {}
+    engine = {"enable_chunked_prefill": True, "max_num_batched_tokens": 128, "max_num_seqs": 8}
     for name in FAMILIES:
         fam = family_reference["families"][name]
         base = {"model_dir": fam["model_dir"], "prompts": [p["ids"] for p in fam["prompts"]], "gen_tokens": GEN,
                 "top": TOP}
-        logs[name] = work_dir / f"families-{name}-steps.jsonl"
-        logs[name].unlink(missing_ok=True)
         runs.append(dict(base, architecture=fam["architecture"], ridgefill=None))
-        runs.append(dict(base, architecture="RidgeFill" + fam["architecture"], step_log=str(logs[name]),
-                         ridgefill={"maps": fam["maps"], "tail": tail, "select": "off"},
-                         engine={"enable_chunked_prefill": True, "max_num_batched_tokens": 128, "max_num_seqs": 8}))
+        keys.append((name, "own"))
+        for run, select in (("fill", "off"), ("select", "on"), ("select_sum", SUM_SPEC)):
+            if (run == "select" and name not in SELECT) or (run == "select_sum" and name not in SUM_HEADS):
+                continue
+            logs[name, run] = work_dir / f"families-{name}-{run}-steps.jsonl"
+            logs[name, run].unlink(missing_ok=True)
+            runs.append(dict(base, architecture="RidgeFill" + fam["architecture"], step_log=str(logs[name, run]),
+                             ridgefill={"maps": fam["maps"], "tail": tail, "select": select},
+                             engine=dict(engine, **SELECT_ENGINE.get(name, {})) if run != "fill" else engine))
+            keys.append((name, run))
     out = run_engine(work_dir, "families", {"runs": runs}, fresh=True)["runs"]
-    return {name: {"own": out[2 * i], "fill": out[2 * i + 1],
-                   "steps": [json.loads(line) for line in logs[name].read_text().splitlines()]}
-            for i, name in enumerate(FAMILIES)}
+    got = {name: {} for name in FAMILIES}
+    for (name, run), result in zip(keys, out):
+        got[name][run] = result
+    for (name, run), log in logs.items():
+        got[name]["steps" if run == "fill" else run + "_steps"] = [json.loads(x) for x in log.read_text().splitlines()]
+    return got
 
 
 def _logprobs(p):
@@ -115,4 +134,25 @@ def test_fill_ran_and_differs_from_exact(name, family_reference, family_runs):
     for mine, own in zip(family_runs[name]["fill"]["prompts"][:2], family_runs[name]["own"]["prompts"][:2]):
         got, want = _logprobs(mine), _logprobs(own)
         moved = max(moved, max(abs(got[t] - want[t]) for t in got if t in want))
+    assert moved > 20 * TOL_REF, (name, moved)
+
+
+@pytest.mark.parametrize("name,run", [(n, "select") for n in SELECT] + [(n, "select_sum") for n in SUM_HEADS])
+def test_selection_chooses_the_reference_rows_and_equals_its_prefill(name, run, family_reference, family_runs):
+    """With ``"select": "on"`` (and ``heads=sum``) the plugin makes exact the rows ``ridgefill.prefill`` chooses with
+    that selection (10 to 15 rows on each filled prompt: the lexical part's and the attention parts', scored with the
+    family's queries), in the step of each prompt's last chunk; its first-token log-probabilities are within 5e-4 of
+    the reference's and the greedy tokens equal; the chosen rows move the outputs away from the plain fill's."""
+    ref = family_reference["families"][name]["prompts"]
+    got = family_runs[name][run]["prompts"]
+    selected = [rows for s in family_runs[name][run + "_steps"] if "selected" in s for rows in s["selected"].values()]
+    assert sorted(map(tuple, selected)) == sorted(tuple(ref[i][run]["selected"]) for i in (0, 1))
+    moved = 0.0
+    for i in (0, 1):
+        assert len(ref[i][run]["selected"]) > 0, (name, i)
+        _assert_close(got[i], ref[i][run], TOL_REF, f"{name} prompt {i}, {run}")
+        assert got[i]["greedy"] == ref[i][run]["greedy"], (name, i)
+        assert ref[i][run]["margin"] > 20 * TOL_REF, (name, i, ref[i][run]["margin"])
+        plain, sel = _logprobs(family_runs[name]["fill"]["prompts"][i]), _logprobs(got[i])
+        moved = max(moved, max(abs(sel[t] - plain[t]) for t in sel if t in plain))
     assert moved > 20 * TOL_REF, (name, moved)

@@ -15,8 +15,8 @@ from ridgefill_vllm.llama import DEFAULT_TAIL, FillModel, attach_fill, check_eng
 from ridgefill_vllm.maps import load_fill_maps
 from ridgefill_vllm.plan import make_plan, subset_metadata
 from ridgefill_vllm.prefix import fill_block_key, maps_identity
-from ridgefill_vllm.selection import (ChosenRows, parse_select, read_keys, selecting_requests, slots_of, span_metadata,
-                                      spans)
+from ridgefill_vllm.selection import (ChosenRows, ScoringModel, parse_select, read_keys, selecting_requests, slots_of,
+                                      span_metadata, spans)
 
 
 def test_plan_tail_per_request_and_decode_tokens_exact():
@@ -285,7 +285,8 @@ def test_sliding_layers_write_only_the_filled_rows_an_exact_row_sees():
 def test_maps_need_a_ridgefill_class_of_the_checkpoints_family():
     """Maps given with vLLM's own class, or with an architecture without a RidgeFill class, are refused at model
     load (vLLM would ignore them); a RidgeFill class of another family is refused by the model body; row
-    selection is refused for families other than Llama before the maps load."""
+    selection is refused before the maps load for Gemma 3 with vLLM's hybrid KV-cache manager and for a Mistral
+    config with Llama 4 query scaling, and passes that check otherwise."""
     def config(archs, ridgefill):
         return SimpleNamespace(hf_config=SimpleNamespace(architectures=archs, ridgefill=ridgefill))
 
@@ -301,8 +302,38 @@ def test_maps_need_a_ridgefill_class_of_the_checkpoints_family():
     with pytest.raises(InputError, match="model_type is 'llama'.*select RidgeFillLlamaForCausalLM"):
         attach_fill(body, _engine(), QWEN3)
     body = SimpleNamespace(config=SimpleNamespace(ridgefill={"maps": "missing.safetensors", "select": "on"}))
-    with pytest.raises(InputError, match="row selection is not served for mistral"):
-        FillModel.init_fill(body, _engine(), MISTRAL)
+    with pytest.raises(InputError, match="gemma3 model: .*sliding-window.*disable_hybrid_kv_cache_manager=True.*"
+                                         "'select': 'off'"):
+        FillModel.init_fill(body, _engine(), GEMMA3)
+    with pytest.raises(InputError, match="llama_4_scaling.*'select': 'off'"):
+        FillModel.init_fill(body, _engine(model_config__hf_config=SimpleNamespace(
+            llama_4_scaling={"beta": 0.1, "original_max_position_embeddings": 8192})), MISTRAL)
+    for family, engine in ((MISTRAL, {}), (PHI3, {}), (QWEN2, {}), (QWEN3, {}),
+                           (GEMMA3, {"scheduler_config__disable_hybrid_kv_cache_manager": True})):
+        with pytest.raises(Exception, match="missing.safetensors"):  # selection served: the maps load next
+            FillModel.init_fill(body, _engine(**engine), family)
+
+
+def test_query_hooks_and_sliding_window_scoring_mask():
+    """The families' queries before RoPE: unchanged (Llama, Mistral, Phi-3, Qwen2 without ``qk_norm``), ``q_norm``
+    per head (Qwen3, Gemma 3, Qwen2 with ``qk_norm``); the scoring mask of a sliding layer (window 3) is the
+    reference's (``p - 3 < j ≤ p``), of a full layer plain causal (``None``)."""
+    q = torch.randn(5, 8)
+    norm = lambda x: x / x.norm(dim=-1, keepdim=True)  # noqa: E731  (per head: [tokens, heads, head_dim])
+    attn = SimpleNamespace(head_dim=4, q_norm=norm, qk_norm=False)
+    by_head = norm(q.view(5, 2, 4)).view(5, 8)
+    for family in (FAMILIES[0], MISTRAL, PHI3, QWEN2):
+        assert torch.equal(family.queries(attn, q), q)
+    for family in (QWEN3, GEMMA3):
+        assert torch.equal(family.queries(attn, q), by_head)
+    assert torch.equal(QWEN2.queries(SimpleNamespace(head_dim=4, q_norm=norm, qk_norm=True), q), by_head)
+    layers = [SimpleNamespace(self_attn=SimpleNamespace(attn=SimpleNamespace(sliding_window=w))) for w in (3, None)]
+    scoring = ScoringModel.__new__(ScoringModel)
+    scoring.model, scoring.family = SimpleNamespace(layers=layers), GEMMA3
+    pos = torch.tensor([4, 6])
+    want = torch.tensor([[j <= p and j > p - 3 for j in range(7)] for p in (4, 6)])
+    assert torch.equal(scoring.visible_keys(0, pos, 7, None), want)
+    assert scoring.visible_keys(1, pos, 7, None) is None
 
 
 def test_fill_block_key_says_which_rows_of_a_block_are_filled(tmp_path):

@@ -19,7 +19,7 @@ tokens (:mod:`ridgefill_vllm.plan`):
    to the paged cache that holds the filled tokens' predicted K/V (of this and earlier chunks) and the
    exact tokens' own K/V.
 
-4. Row selection (``select``, ``on`` by default, Llama only; :mod:`ridgefill_vllm.selection`): in the step that
+4. Row selection (``select``, ``on`` by default; :mod:`ridgefill_vllm.selection`): in the step that
    schedules a request's last prompt token, the reference's selection chooses more exact rows (the lexical
    part from the token ids; the attention parts from pass 1's attention over the paged cache), and the tail
    and the chosen rows run the late layers again from their kept split states (pass 2). With tensor
@@ -145,7 +145,8 @@ class FillModel:
 
         Raises:
             InputError: bad settings, engine settings the fill cannot serve (:func:`check_engine`), a model
-                the family cannot fill (:meth:`ridgefill_vllm.adapters.Family.check`).
+                the family cannot fill (:meth:`ridgefill_vllm.adapters.Family.check`), row selection the family
+                refuses for this model (:meth:`~ridgefill_vllm.adapters.Family.check_selection`).
             MapsMismatchError, MapsFormatError: maps of another model, or a bad maps file.
         """
         self.family = family
@@ -157,9 +158,10 @@ class FillModel:
             return
         check_engine(vllm_config, family)
         self.selection = parse_select(settings[2])  # before the maps load: a bad setting fails fast
-        if self.selection is not None and not family.selection:
-            raise InputError(f"row selection is not served for {family.name} models in vLLM yet (it is for Llama): "
-                             "set 'select': 'off' in the ridgefill config")
+        refused = family.check_selection(vllm_config) if self.selection is not None else []
+        if refused:
+            raise InputError(f"RidgeFill cannot serve row selection for this {family.name} model: "
+                             + "; ".join(refused))
         install_runner_hook()  # each step records its prompt lengths for the row plan (ridgefill_vllm.plan)
         maps = load_fill_maps(settings[0])
         maps.check_shape(self.config.num_hidden_layers, self.config.hidden_size)
@@ -358,6 +360,8 @@ class FillModel:
                 continue
             planners[s.req] = Planner(self.selection, s.prompt, device)
             exact[s.req] = planners[s.req].up_front(s.token_ids[None].to(device), None, None, self.tail, tail_rows)
+        for s in selecting:  # sliding-window layers: a chosen row sees filled rows the tail does not
+            self._write_windowed(plan, s)
         rounds = self.selection.rounds
         ran: dict[int, torch.Tensor] = {}
         scorers: dict[int, dict] = {}
@@ -393,6 +397,21 @@ class FillModel:
                 rows = torch.searchsorted(ran[r], positions[tokens.to(device)])
                 out[tokens.to(device)] = outputs[r][rows]
         return out
+
+    def _write_windowed(self, plan, s) -> None:
+        """The predicted K/V of every filled row of selecting request ``s`` (positions ``0..prompt-tail-1``, from
+        their kept ``h_S``) in each late sliding-window layer, which wrote only the rows its tail sees; rows
+        that run exact overwrite theirs. Needs one block table for all layers (Gemma 3's ``check_selection``)."""
+        if not any(self._windows):
+            return
+        pos = torch.arange(s.prompt - self.tail, device=self._w.device)
+        slots = slots_of(plan.common.block_table_tensor[s.req], pos, plan.block_size)
+        h = self._states.read(slots)
+        if self.fill_maps.context:  # the previous token's h_S beside each (zeros before the first)
+            h = torch.cat([h, torch.cat([torch.zeros_like(h[:1]), h[:-1]])], -1)
+        for j, w in enumerate(self._windows):
+            if w:
+                self._write_filled(j, h, pos, slots)
 
     def _late_run(self, plan, rows: dict[int, torch.Tensor], prompt: dict[int, int],
                   scorers: dict[int, list]) -> dict[int, torch.Tensor]:

@@ -231,34 +231,45 @@ def read_keys(attn, block_table_row: Tensor, n: int, block_size: int) -> Tensor:
 
 class ScoringModel:
     """What ``ridgefill.select.AttentionScores`` reads of a model (the reference's adapter interface),
-    for vLLM's Llama layers: the query rows' queries at a late layer, head counts, the scale, and the
-    induction scores of the heads."""
+    for vLLM's decoder layers (``model.family`` says where their parts are,
+    :class:`ridgefill_vllm.adapters.Family`): the query rows' queries at a late layer, head counts, the
+    scale, and the induction scores of the heads."""
 
     def __init__(self, model, q_weights: dict[int, tuple[Tensor, Tensor | None]], induction: Tensor):
-        self.model = model
-        attn = model.layers[0].self_attn
+        self.model, self.family = model, model.family
+        attn = self.family.attention(model.layers[0])
         self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads
         self.head_dim, self.scaling = attn.head_dim, attn.scaling
         self.q_weights = q_weights
         self._induction_scores = ((256, 0), induction)  # read by ridgefill.select.induction_scores
 
     def queries(self, layer: int, x: Tensor, positions: Tensor) -> Tensor:
-        """``x`` ``[1, q, d]``: layer ``layer``'s input of rows at ``positions``; returns ``[1, H, q, hd]``."""
+        """``x`` ``[1, q, d]``: layer ``layer``'s input of rows at ``positions``; returns ``[1, H, q, hd]``: the Q
+        rows of the QKV projection (and bias), the family's query transform (:meth:`Family.queries`), RoPE."""
         mod = self.model.layers[layer]
+        attn = self.family.attention(mod)
         w, b = self.q_weights[layer]
-        q = F.linear(mod.input_layernorm(x[0]), w, b)
-        q, _ = mod.self_attn.rotary_emb(positions, q.contiguous(), None)
+        q = self.family.queries(attn, F.linear(self.family.input_norm(mod)(x[0]), w, b))
+        q, _ = self.family.rope(attn)(positions, q.contiguous(), None)
         return q.view(1, q.shape[0], self.num_heads, self.head_dim).transpose(1, 2)
 
-    def visible_keys(self, layer, positions, n, visible):
-        return None  # causal: a query row sees the keys at or before its position
+    def visible_keys(self, layer: int, positions: Tensor, n: int, visible) -> Tensor | None:
+        """``None`` (causal) in a full-attention layer; in a sliding-window layer (window ``w``) the mask ``[q, n]``
+        of the keys ``j`` a row at position ``p`` sees: ``p - w < j ≤ p``."""
+        window = getattr(self.family.attention(self.model.layers[layer]).attn, "sliding_window", None)
+        if not window:
+            return None
+        keys = torch.arange(n, device=positions.device)[None, :]
+        return (keys <= positions[:, None]) & (keys > positions[:, None] - window)
 
 
 @torch.inference_mode()
 def induction_scores(model, length: int = 256, seed: int = 0) -> Tensor:
-    """Per layer and head, the induction score of vLLM's Llama ``model`` (``LlamaModel``), ``[layers, H]``
-    float32: the reference's rule (``ridgefill.select.induction_scores``): a seeded random sequence of
-    ``length`` ids, repeated once, runs through the exact model (dense attention, outside the paged cache);
+    """Per layer and head, the induction score of the vLLM model body ``model`` (a :class:`~.llama.FillModel`,
+    read through ``model.family``), ``[layers, H]`` float32: the reference's rule
+    (``ridgefill.select.induction_scores``): a seeded random sequence of ``length`` ids, repeated once, runs
+    through the exact model: each layer's own forward, with its attention (vLLM's ``Attention``, which reads the
+    paged cache) replaced by dense causal attention over the sequence (within the layer's sliding window, if any);
     a head's score is the mean attention each token of the second copy pays to the token after its first
     occurrence."""
     vocab = model.config.vocab_size
@@ -270,25 +281,31 @@ def induction_scores(model, length: int = 256, seed: int = 0) -> Tensor:
     pos = torch.arange(n, device=device)
     second = torch.arange(length, n - 1, device=device)
     target = second - length + 1
-    causal = torch.arange(n, device=device)[None, :] <= pos[:, None]
-    x, residual, out = model.embed_input_ids(ids), None, []
+    out = []
+
+    def dense(attn, window):
+        causal = torch.arange(n, device=device)[None, :] <= pos[:, None]
+        if window:
+            causal &= torch.arange(n, device=device)[None, :] > pos[:, None] - window
+
+        def forward(q, k, v, *args, **kwargs):
+            heads, kv_heads, hd = attn.num_heads, attn.num_kv_heads, attn.head_dim
+            qh = q.view(n, heads, hd).transpose(0, 1)
+            kh = k.view(n, kv_heads, hd).transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+            vh = v.reshape(n, kv_heads, hd).transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+            p = ((qh @ kh.transpose(-1, -2)).float() * attn.scaling).masked_fill(~causal, float("-inf")).softmax(-1)
+            out.append(p[:, second, target].mean(-1).cpu())
+            return (p.to(vh.dtype) @ vh).transpose(0, 1).reshape(n, heads * hd)
+
+        return forward
+
+    x, residual = model.embed_input_ids(ids), None
     for layer in model.layers:
-        attn = layer.self_attn
-        if residual is None:
-            residual, h = x, layer.input_layernorm(x)
-        else:
-            h, residual = layer.input_layernorm(x, residual)
-        qkv, _ = attn.qkv_proj(h)
-        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-        q, k = attn.rotary_emb(pos, q.contiguous(), k.contiguous())
-        heads, kv_heads, hd = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        qh = q.view(n, heads, hd).transpose(0, 1)
-        kh = k.view(n, kv_heads, hd).transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
-        vh = v.reshape(n, kv_heads, hd).transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
-        p = ((qh @ kh.transpose(-1, -2)).float() * attn.scaling).masked_fill(~causal, float("-inf")).softmax(-1)
-        out.append(p[:, second, target].mean(-1).cpu())
-        o = (p.to(vh.dtype) @ vh).transpose(0, 1).reshape(n, heads * hd)
-        o, _ = attn.o_proj(o)
-        h, residual = layer.post_attention_layernorm(o, residual)
-        x = layer.mlp(h)
+        attn = model.family.attention(layer)
+        a = attn.attn
+        a.forward = dense(attn, getattr(a, "sliding_window", None))  # this instance only, until restored below
+        try:
+            x, residual = layer(pos, x, residual)
+        finally:
+            del a.forward
     return torch.stack(out)
