@@ -20,6 +20,12 @@ qwen3, qwen3_moe   ``Qwen3ForCausalLM``,       per-head ``k_norm`` (RMSNorm) bef
 gemma3_text        ``Gemma3ForCausalLM``       per-head ``k_norm`` (Gemma RMSNorm, ``1 + w``) before RoPE; RoPE
                                                base per layer type; sliding-window layers (each late layer's
                                                slots come from its own KV-cache group)
+qwen3_next         ``Qwen3NextForCausalLM``    hybrid: linear-attention (Gated DeltaNet) layers, whose filled
+                                               tokens advance the layer's conv and recurrent states
+                                               (:meth:`~ridgefill_vllm.llama.FillModel.init_fill`, "hybrid");
+                                               full-attention layers with an output gate (the fused QKV weight's
+                                               rows are Q and gate, K, V), ``1 + w`` norms, ``k_norm``, partial
+                                               RoPE; layers called with keywords
 =================  ==========================  ===============================================================
 
 The norms, RoPE tables and embedding scale are the layer's and model's own modules, so Gemma's ``1 + w`` norms,
@@ -40,6 +46,7 @@ class Family:
         model_types: the checkpoints' ``config.model_type`` values the family serves.
         selection: whether row selection (``select`` other than ``off``) is served.
         sliding_windows: whether sliding-window layers are served.
+        recurrent: whether the model has linear-attention (recurrent-state) layers (hybrid families).
     """
 
     name = "llama"
@@ -47,6 +54,7 @@ class Family:
     model_types: tuple[str, ...] = ("llama",)
     selection = True
     sliding_windows = False
+    recurrent = False
 
     def attention(self, layer: nn.Module) -> nn.Module:
         """The layer's attention module (``qkv_proj``, ``q_size``, ``kv_size``, ``rotary_emb``, ``attn``)."""
@@ -59,6 +67,18 @@ class Family:
     def qkv(self, attn: nn.Module) -> nn.Module:
         """The fused QKV projection: ``weight`` ``[q_size + 2·kv_size, d]`` (rows Q, K, V), optional ``bias``."""
         return attn.qkv_proj
+
+    def q_rows(self, attn: nn.Module) -> int:
+        """The rows of the fused QKV weight before the K rows (this rank's query rows): ``q_size``."""
+        return attn.q_size
+
+    def is_recurrent(self, layer: nn.Module) -> bool:
+        """Whether ``layer`` is a linear-attention (recurrent-state) layer: never in a dense family."""
+        return False
+
+    def call(self, layer: nn.Module, positions: Tensor, hidden: Tensor, residual: Tensor | None):
+        """Run vLLM's decoder ``layer``; returns ``(hidden, residual)`` (the next layer's input is their sum)."""
+        return layer(positions, hidden, residual)
 
     def keys(self, attn: nn.Module, k: Tensor) -> Tensor:
         """Keys ``[tokens, kv_size]`` after the K projection, before RoPE: unchanged (no key norm)."""
@@ -149,6 +169,41 @@ class Gemma3Family(QKNormFamily):
         return out
 
 
+class Qwen3NextFamily(QKNormFamily):
+    """vLLM's ``Qwen3NextForCausalLM``: full-attention layers (``self_attn``, output gate) and linear-attention
+    layers (``linear_attn``, Gated DeltaNet), decoder layers called as ``layer(positions=, hidden_states=,
+    residual=)``."""
+
+    name, model_types, selection, recurrent = "qwen3_next", ("qwen3_next",), False, True
+    architecture = "RidgeFillQwen3NextForCausalLM"
+
+    def q_rows(self, attn: nn.Module) -> int:
+        """Query and output-gate rows (``2·q_size`` with the output gate, vLLM's ``attn_output_gate``)."""
+        return attn.q_size * (2 if getattr(attn, "attn_output_gate", False) else 1)
+
+    def is_recurrent(self, layer: nn.Module) -> bool:
+        """Whether ``layer`` is a linear-attention layer (it has ``linear_attn``, no ``self_attn``)."""
+        return hasattr(layer, "linear_attn")
+
+    def call(self, layer: nn.Module, positions: Tensor, hidden: Tensor, residual: Tensor | None):
+        """Run vLLM's ``Qwen3NextDecoderLayer`` (keyword arguments); returns ``(hidden, residual)``."""
+        return layer(positions=positions, hidden_states=hidden, residual=residual)
+
+    def check(self, vllm_config) -> list[str]:
+        out = []
+        if vllm_config.cache_config.enable_prefix_caching:
+            out.append("prefix caching is on, which the fill does not serve for hybrid models yet (vLLM caches their "
+                       "recurrent states at block boundaries, mamba_cache_mode 'align'): pass "
+                       "enable_prefix_caching=False (`--no-enable-prefix-caching`)")
+        if getattr(vllm_config.parallel_config, "use_sequence_parallel_moe", False):
+            out.append("sequence-parallel MoE is on (the layers then split their rows across ranks): turn "
+                       "use_sequence_parallel_moe off")
+        if getattr(vllm_config.model_config.hf_config, "layer_scale", False):
+            out.append("the config sets layer_scale, which the fill does not serve: serve without the ridgefill maps")
+        return out
+
+
 LLAMA, MISTRAL, PHI3 = Family(), MistralFamily(), Phi3Family()
 QWEN2, QWEN3, QWEN3_MOE, GEMMA3 = Qwen2Family(), Qwen3Family(), Qwen3MoeFamily(), Gemma3Family()
-FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, GEMMA3)
+QWEN3_NEXT = Qwen3NextFamily()
+FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, GEMMA3, QWEN3_NEXT)
