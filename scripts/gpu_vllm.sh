@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # vLLM time to first token on a GPU: vLLM's Llama vs the RidgeFill plugin, Llama-3.1-8B shape
 # (random weights, identity maps at S=15: scripts/make_shape_model.py), 8K to 128K tokens, tensor
-# parallel 1 and, with two or more GPUs, 2; the plain fill and row selection; CUDA graphs on and off.
+# parallel 1 and, with two or more GPUs, 2; the plain fill and row selection; CUDA graphs on and off. Then the
+# hybrid family at a Qwen3-Next shape (make_shape_model.py --family qwen3_next: 48 layers, linear attention with
+# full attention every fourth layer, 32 experts; identity maps at S=23), the plain fill, prefix caching off (the
+# plugin serves neither row selection nor prefix caching for hybrids), the same lengths, TP 1 and 2.
 # Usage: bash scripts/gpu_vllm.sh [OUT_DIR]  (random weights through load_format=dummy: no checkpoint download)
 # Environment: PYTHON: a Python with vLLM (CUDA build) and the plugin installed; without it the script
 #              installs both into .venv-vllm-cuda (needs the package registry), unless VLLM_INSTALL=0.
@@ -20,6 +23,8 @@ if [ -z "$py" ] || ! "$py" -c "import vllm, ridgefill_vllm" 2>/dev/null; then
   py=.venv-vllm-cuda/bin/python
 fi
 [ -f "$out/shape/maps-S15.safetensors" ] || $py scripts/make_shape_model.py "$out/shape" --split 15
+[ -f "$out/shape-qwen3-next/maps-S23.safetensors" ] || \
+  $py scripts/make_shape_model.py "$out/shape-qwen3-next" --family qwen3_next --split 23
 gpus=$($py -c "import torch; print(torch.cuda.device_count())")
 echo "GPUs: $gpus"
 # chunked prefill on (vLLM's default) and prefix caching on in every run; with and without CUDA graphs
@@ -34,5 +39,16 @@ for eager in 1 0; do
         --device-args "{\"dtype\": \"bfloat16\", \"tensor_parallel_size\": $tp, \"gpu_memory_utilization\": 0.4, \"skip_tokenizer_init\": true, \"load_format\": \"dummy\", \"enforce_eager\": $([ $eager = 1 ] && echo true || echo false)}" \
         --json "$out/ttft-$tag.json" 2>&1 | grep -v -i "warn" | tee "$out/ttft-$tag.txt" | grep -E "^\||tokens|vLLM TTFT"
     done
+  done
+done
+# the hybrid family: Qwen3-Next shape, plain fill, prefix caching off
+for eager in 1 0; do
+  for tp in 1 2; do
+    if [ "$tp" -gt "$gpus" ]; then echo "TP=$tp skipped: $gpus GPU(s)"; continue; fi
+    tag="qwen3-next-tp$tp-eager$eager-select-off"
+    $py scripts/vllm_ttft.py --model "$out/shape-qwen3-next/model" --maps "$out/shape-qwen3-next/maps-S23.safetensors" \
+      --lengths 8k,32k,64k,128000 --tail 256 --repeats 3 --select off \
+      --device-args "{\"dtype\": \"bfloat16\", \"tensor_parallel_size\": $tp, \"gpu_memory_utilization\": 0.4, \"skip_tokenizer_init\": true, \"load_format\": \"dummy\", \"enforce_eager\": $([ $eager = 1 ] && echo true || echo false)}" \
+      --json "$out/ttft-$tag.json" 2>&1 | grep -v -i "warn" | tee "$out/ttft-$tag.txt" | grep -E "^\||tokens|vLLM TTFT"
   done
 done

@@ -15,10 +15,18 @@ Runs in the project's main environment (``transformers`` 5.24), not in the vLLM 
    with ``select="heads=sum"``, and the exact model on the same prompts and on a short prompt of ``--tail``
    tokens,
 
-and writes a JSON file: per family the model folder, maps file, vLLM architecture, and per prompt the token
-ids, the top-``k`` log-probabilities of the first generated token (float64 log-softmax), the greedy tokens,
-for the fill, the fill with selection (with its chosen rows) and the exact model, and the smallest gap between the two best logits along the greedy
+and writes a JSON file: per family the model folder, maps file, vLLM architecture, serving dtype, and per prompt
+the token ids, the top-``k`` log-probabilities of the first generated token (float64 log-softmax), the greedy
+tokens, for the fill, the fill with selection (with its chosen rows) and the exact model, and the smallest gap between the two best logits along the greedy
 continuation (``margin``: greedy equality is meaningful when it is well above the tolerance).
+
+The hybrid family (``--families qwen3_next,qwen3_next_oracle``, ``tests_vllm/test_hybrid.py``): checkpoints saved
+in bfloat16 (vLLM's CPU linear-attention kernel runs bfloat16 only), the reference in float32 on the same weights;
+linear-attention heads of 128 (a size vLLM's CPU kernel knows), slow state decay, 4 experts; the fill also records
+the log-probabilities of the first decoding step (``decode``: it reads the recurrent states after the prompt).
+``qwen3_next_oracle`` (layers linear/full/full/linear, layer 2 the identity) gets identity maps, under which its fill
+is the exact model, and shifted maps (``maps_shifted``, ``x̂_l(t) = h_S(t-1)``) with their reference fill
+(``shifted``).
 
 Usage: ``python scripts/vllm_family_reference.py --out families.json --dir DIR [--families qwen2,gemma3_text]``
 """
@@ -26,6 +34,7 @@ Usage: ``python scripts/vllm_family_reference.py --out families.json --dir DIR [
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -64,7 +73,29 @@ def _configs():
         "gemma3_text": ("Gemma3ForCausalLM", lambda: tf.Gemma3TextConfig(
             **COMMON, head_dim=32, sliding_window=48, query_pre_attn_scalar=24,
             layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
+        "qwen3_next": ("Qwen3NextForCausalLM", lambda: tf.Qwen3NextConfig(
+            **COMMON, head_dim=32, layer_types=["linear_attention", "full_attention"] * 2, linear_num_key_heads=1,
+            linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)),
+        "qwen3_next_oracle": ("Qwen3NextForCausalLM", lambda: tf.Qwen3NextConfig(
+            **COMMON, head_dim=32, layer_types=["linear_attention", "full_attention", "full_attention",
+                                                "linear_attention"], linear_num_key_heads=1,
+            linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)),
     }
+
+
+#: families served in bfloat16 (vLLM's CPU linear-attention kernel needs it): their checkpoint is saved in
+#: bfloat16 and the reference runs in float32 on those same (bfloat16-valued) weights
+BF16 = {"qwen3_next", "qwen3_next_oracle"}
+#: models whose late layers but the last are the identity (attention output and MLP weights zero), so that identity
+#: maps (x̂_l = h_S) predict every late layer's input exactly and the fill equals the exact model: the plugin's fill
+#: can then be compared with vLLM's own class in bfloat16. With S = 1 the late layers are 2 (full attention, the
+#: identity) and 3 (linear attention, whose states the filled rows advance from their exact inputs).
+ORACLE = {"qwen3_next_oracle"}
+#: bfloat16 models: weights drawn at std 0.05 and the LM head scaled by 4 (bfloat16 rounding moves log-probabilities
+#: in proportion to the logits' size)
+BF16_INIT, BF16_LOGIT_SCALE = 0.05, 4.0
 
 
 class ByteTokenizer:
@@ -79,14 +110,31 @@ def build(name: str, arch: str, make_config):
     import transformers as tf
 
     torch.manual_seed(0)
-    model = getattr(tf, arch)(make_config()).eval()
+    config = make_config()
+    if name in BF16:
+        config.initializer_range = BF16_INIT
+    model = getattr(tf, arch)(config).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if "norm" in pname:
+            if name in BF16:  # hybrid: (1 + w) norms and the gated norm's w, both around their initial values
+                if "norm" in pname:
+                    p.add_(0.1 * torch.randn_like(p))
+                elif pname.endswith("A_log"):  # slow decay: the recurrent state remembers the filled rows
+                    p.copy_(torch.empty_like(p).uniform_(0.01, 0.1).log())
+                elif pname.endswith(".bias"):
+                    p.normal_(0.0, 0.5)
+            elif "norm" in pname:
                 p.copy_((1 + 0.3 * torch.randn_like(p)) if name != "gemma3_text" else 0.3 * torch.randn_like(p))
             elif pname.endswith(".bias"):
                 p.normal_(0.0, 0.5)
-        model.lm_head.weight.mul_(LOGIT_SCALE)
+        model.lm_head.weight.mul_(LOGIT_SCALE if name not in BF16 else BF16_LOGIT_SCALE)
+        if name in ORACLE:
+            for layer in model.model.layers[2:-1]:
+                for pname, p in layer.named_parameters():
+                    if pname.endswith(("o_proj.weight", "down_proj", "down_proj.weight", "out_proj.weight")):
+                        p.zero_()
+    if name in BF16:
+        model = model.to(torch.bfloat16).to(torch.float32)  # the served weights, exactly
     return model
 
 
@@ -103,6 +151,15 @@ def _margin(model, ids: torch.Tensor, new: torch.Tensor) -> float:
     logits = model(seq).logits[0, ids.shape[1] - 1:-1]
     top2 = logits.topk(2, -1).values
     return float((top2[:, 0] - top2[:, 1]).min())
+
+
+@torch.inference_mode()
+def _decode_step(model, ids: torch.Tensor, maps, tail: int, first: torch.Tensor, k: int) -> dict:
+    """Top-``k`` log-probabilities of the second generated token: one decoding step on ``first`` from the cache
+    of ``ridgefill.prefill`` (mode ridge), which holds the recurrent layers' states after the prompt."""
+    res = prefill(model, ids, maps, tail=tail, select="off", mode="ridge")
+    logits = model(input_ids=first[None], cache=res.cache, use_cache=True).logits[0, -1]
+    return dict(zip(("top_ids", "top_logprobs"), _top(logits, k)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -138,12 +195,21 @@ def main(argv: list[str] | None = None) -> None:
         arch, make = configs[name]
         model = build(name, arch, make)
         folder = root / name
-        model.save_pretrained(folder)
+        (model.to(torch.bfloat16) if name in BF16 else model).save_pretrained(folder)
+        model.to(torch.float32)
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(tok_dir / f, folder / f)
         maps = calibrate(model, ByteTokenizer(), calib, split=args.split, tokens=2048, chunk=128, progress=False,
                          model_name=f"tiny-{name}", context=1)
         maps_path = root / f"{name}-maps.safetensors"
+        shifted = None
+        if name in ORACLE:  # identity maps (x̂_l = h_S(t)); shifted maps (x̂_l = h_S(t-1)), a wrong fill
+            d = model.config.hidden_size
+            eye = torch.zeros_like(maps.weights)
+            eye[:, :d] = torch.eye(d)
+            shifted = dataclasses.replace(maps, weights=torch.roll(eye, d, dims=1), biases=torch.zeros_like(maps.biases))
+            maps = dataclasses.replace(maps, weights=eye, biases=torch.zeros_like(maps.biases))
+            shifted.save(root / f"{name}-shifted.safetensors")
         maps.save(maps_path)
         start, prompts = 10_000, []
         for n in lengths + [args.tail]:
@@ -159,6 +225,11 @@ def main(argv: list[str] | None = None) -> None:
                 new = generate_after(model, ids, res, max_new_tokens=args.gen_tokens)
                 entry["fill"] = dict(zip(("top_ids", "top_logprobs"), _top(res.logits[0, -1], args.top)),
                                      greedy=new[0].tolist(), margin=_margin(model, ids, new))
+                if name in BF16:  # the first decoding step, reading the states the fill left (recurrent layers)
+                    entry["fill"]["decode"] = _decode_step(model, ids, maps, args.tail, new[0, :1], args.top)
+                if shifted is not None:
+                    res = prefill(model, ids, shifted, tail=args.tail, select="off", mode="ridge")
+                    entry["shifted"] = dict(zip(("top_ids", "top_logprobs"), _top(res.logits[0, -1], args.top)))
             for key, spec, families in (("select", "on", select), ("select_sum", SUM_SPEC, sum_heads)):
                 if n > args.tail and name in families:
                     res = prefill(model, ids, maps, tail=args.tail, select=spec, mode="ridge")
@@ -168,7 +239,10 @@ def main(argv: list[str] | None = None) -> None:
                                       selected=res.selected.tolist())
             prompts.append(entry)
         out["families"][name] = {"model_dir": str(folder.resolve()), "maps": str(maps_path.resolve()),
-                                 "architecture": arch, "prompts": prompts}
+                                 "architecture": arch, "prompts": prompts,
+                                 "dtype": "bfloat16" if name in BF16 else "float32"}
+        if shifted is not None:
+            out["families"][name]["maps_shifted"] = str((root / f"{name}-shifted.safetensors").resolve())
         print(f"{name}: margins " + ", ".join(f"{p['exact']['margin']:.3f}" for p in prompts), flush=True)
     text_out = json.dumps(out)
     atomic_write(args.out, lambda tmp: Path(tmp).write_text(text_out))

@@ -1,7 +1,8 @@
-"""Time to first token through vLLM's own API: vLLM's Llama (exact) against the RidgeFill plugin.
+"""Time to first token through vLLM's own API: vLLM's own class (exact) against the RidgeFill plugin.
 
 Runs in the vLLM environment (``bash scripts/install_vllm.sh``). Two engines live in this process,
-vLLM's ``LlamaForCausalLM`` and ``RidgeFillLlamaForCausalLM`` with the given maps and row selection
+vLLM's class of the model folder's architecture (``config.json``: ``LlamaForCausalLM``, ``Qwen3NextForCausalLM``,
+or any other the plugin serves, ``ridgefill_vllm.SERVED``) and its RidgeFill class with the given maps and row selection
 (``--select``, ``on`` by default), on the same model folder and engine settings: chunked prefill on (vLLM's
 default; ``--max-num-batched-tokens`` sets its step size, vLLM's default when not given; ``--no-chunked``
 prefills each prompt in one step) and prefix caching off (``--prefix-caching`` turns it on; each timed prompt
@@ -20,6 +21,9 @@ Usage (CPU)::
 
     python scripts/vllm_ttft.py --model MODEL_DIR --maps maps-S15.safetensors --lengths 2k,4k,8k \
         --tail 256 --repeats 3 --threads 2 [--json ttft.json]
+
+``--dtype`` sets the engines' dtype (default float32; bfloat16 for a hybrid model, whose CPU kernel needs it).
+For a hybrid model (Qwen3-Next) use ``--select off`` and no ``--prefix-caching`` (the plugin refuses both).
 
 On a GPU: add ``--device-args '{"dtype": "bfloat16", "tensor_parallel_size": 2, "gpu_memory_utilization": 0.4}'``
 (the JSON is passed to ``vllm.LLM``; see ``scripts/gpu_vllm.sh``).
@@ -108,7 +112,8 @@ def last_selected(step_log: Path) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="vLLM time to first token: exact vs RidgeFill")
-    ap.add_argument("--model", required=True, help="Hugging Face model folder (Llama family)")
+    ap.add_argument("--model", required=True, help="Hugging Face model folder of a family the plugin serves")
+    ap.add_argument("--dtype", default=None, help="engine dtype (default float32; bfloat16 for hybrid models)")
     ap.add_argument("--maps", required=True, help="maps file from `ridgefill calibrate` for that model")
     ap.add_argument("--lengths", default="2k,4k,8k")
     ap.add_argument("--tail", type=int, default=256)
@@ -129,10 +134,18 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from ridgefill_vllm import SERVED
+
+    config = json.loads((Path(args.model) / "config.json").read_text())
+    arch = (config.get("architectures") or ["?"])[0]
+    if arch not in SERVED:
+        raise SystemExit(f"{args.model}: architecture {arch} has no RidgeFill class (served: {', '.join(sorted(SERVED))})")
+    hybrid = "linear_attention" in (config.get("layer_types") or [])
+
     maps_meta = json.loads(__import__("safetensors").safe_open(args.maps, "pt").metadata()["ridgefill"])
     split, context = maps_meta["split"], maps_meta.get("context", 0)
     max_len = max(lengths) + 16
-    common = dict(dtype="float32", enforce_eager=True, max_model_len=max_len, enable_prefix_caching=args.prefix_caching,
+    common = dict(dtype=args.dtype or ("bfloat16" if hybrid else "float32"), enforce_eager=True, max_model_len=max_len, enable_prefix_caching=args.prefix_caching,
                   seed=0)
     if args.no_chunked:
         common.update(enable_chunked_prefill=False, max_num_batched_tokens=max_len)
@@ -152,8 +165,8 @@ def main() -> None:
         queries = ridgefill.select.as_selection(ridgefill.select.as_select(args.select)).queries
     take, source = prompt_source(args.model, max(lengths), rf)
     engines = {
-        "exact": LLM(args.model, hf_overrides={"architectures": ["LlamaForCausalLM"]}, **common),
-        "fill": LLM(args.model, hf_overrides={"architectures": ["RidgeFillLlamaForCausalLM"],
+        "exact": LLM(args.model, hf_overrides={"architectures": [arch]}, **common),
+        "fill": LLM(args.model, hf_overrides={"architectures": [SERVED[arch]],
                                               "ridgefill": {"maps": args.maps, "tail": args.tail,
                                                             "select": args.select}}, **common),
     }

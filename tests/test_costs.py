@@ -269,3 +269,53 @@ def test_recorded_command_names_the_json_file_only():
     assert recorded_command(["bench", "--lengths", "8k", "--json", "/some/where/out/bench.json"]) == \
         "ridgefill bench --lengths 8k --json bench.json"
     assert recorded_command(["bench", "--json=/abs/r.json", "--split", "16"]) == "ridgefill bench --json=r.json --split 16"
+HYBRID = dataclasses.replace(SMALL, linear_layers=(0, 2), linear_key_heads=1, linear_value_heads=2, linear_key_dim=3,
+                             linear_value_dim=4, linear_conv=4, attn_output_gate=True)
+
+
+def brute_force_hybrid(shape: ModelShape, n: int, split: int | None, tail: int) -> int:
+    """FLOPs of a hybrid model row by row: linear-attention layers (input projections, convolution and delta rule for
+    every row; output projection and MLP for rows run in full), gated attention layers as in ``brute_force``."""
+    d, H, Hk, h, I, V = shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate, shape.vocab
+    K, Vd, hv = shape.linear_key_heads * shape.linear_key_dim, shape.linear_value_heads * shape.linear_value_dim, \
+        shape.linear_value_heads
+    total = 2 * d * V
+    for layer in range(shape.layers):
+        for p in range(n):
+            full = split is None or layer <= split or p >= n - tail
+            if layer in shape.linear_layers:
+                total += 2 * d * (2 * K + 2 * Vd + 2 * hv) + 2 * shape.linear_conv * (2 * K + Vd)
+                total += 6 * hv * shape.linear_key_dim * shape.linear_value_dim
+                if full:
+                    total += 2 * Vd * d + 2 * 3 * d * I
+                else:
+                    total += 2 * d * d + d  # map
+            elif full:
+                total += 2 * d * 2 * H * h + 2 * 2 * d * Hk * h + 2 * H * h * d  # q and gate, k, v, o
+                total += 2 * 3 * d * I + 2 * 2 * H * h * (p + 1)
+            else:
+                total += 2 * d * d + d + 2 * 2 * d * Hk * h  # map, k, v
+    return total
+
+
+@pytest.mark.parametrize("n,split,tail", [(1, 0, 1), (7, 0, 3), (16, 1, 1), (16, 2, 16), (33, 1, 5)])
+def test_hybrid_closed_form_equals_brute_force(n, split, tail):
+    """Linear-attention layers: filled rows pay the map, input projections, convolution and recurrence; no K/V, no
+    attention over keys, no KV cache."""
+    assert exact_cost(HYBRID, n).flops == brute_force_hybrid(HYBRID, n, None, n)
+    assert fill_cost(HYBRID, n, split, tail).flops == brute_force_hybrid(HYBRID, n, split, tail)
+    assert exact_cost(HYBRID, n).kv_cache_bytes == 2 * 2 * n * HYBRID.kv_heads * HYBRID.head_dim * 2  # 2 attention layers
+    with pytest.raises(InputError, match="linear-attention"):
+        fill_cost(HYBRID, 16, 1, 4, selected=[0])
+
+
+def test_from_config_reads_a_hybrid_shape():
+    from transformers import Qwen3NextConfig
+
+    cfg = Qwen3NextConfig(num_hidden_layers=8, layer_types=["linear_attention"] * 3 + ["full_attention"] + [
+        "linear_attention"] * 3 + ["full_attention"])
+    shape = ModelShape.from_config(cfg)
+    assert shape.linear_layers == (0, 1, 2, 4, 5, 6) and shape.attn_output_gate
+    assert (shape.linear_key_heads, shape.linear_value_heads, shape.linear_key_dim, shape.linear_conv) == (
+        cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_conv_kernel_dim)
+    assert ideal_ratio(shape, 8192, 3, 256) > 1.0

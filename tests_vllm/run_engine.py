@@ -7,7 +7,7 @@ token ids), ``gen_tokens``, ``top``, ``engine`` (extra ``vllm.LLM`` arguments) a
 (a file for the plugin's per-step log, or absent), ``env`` (environment variables for the engine's
 processes, or absent), ``sequential`` (send the prompts one after another
 instead of in one call) and ``needles`` (more prompts, answered greedily after the others, as text). ``OUT`` gets the KV block size and, per prompt, the greedy continuation, the first
-token's top log-probabilities and the prompt tokens found in the prefix cache, the needle answers, and, with
+token's top log-probabilities (and the second's, ``decode``: the first decoding step) and the prompt tokens found in the prefix cache, the needle answers, and, with
 ``try_prompt_logprobs``, the error a prompt-logprobs request raised (or ``null``). A spec ``{"runs": [SPEC, ...]}``
 runs several engines one after another, each with its engine core in this process (vLLM is imported once), and
 writes ``{"runs": [OUT, ...]}``.
@@ -62,9 +62,12 @@ def run(spec: dict) -> dict:
         c = o.outputs[0]
         first = c.logprobs[0]
         ranked = sorted(first.items(), key=lambda kv: kv[1].rank)
-        result["prompts"].append({"greedy": list(c.token_ids), "top_ids": [k for k, _ in ranked],
-                                  "top_logprobs": [v.logprob for _, v in ranked],
-                                  "num_cached_tokens": o.num_cached_tokens or 0})
+        entry = {"greedy": list(c.token_ids), "top_ids": [k for k, _ in ranked],
+                 "top_logprobs": [v.logprob for _, v in ranked], "num_cached_tokens": o.num_cached_tokens or 0}
+        if len(c.logprobs) > 1:  # the first decoding step (the second generated token)
+            ranked = sorted(c.logprobs[1].items(), key=lambda kv: kv[1].rank)
+            entry["decode"] = {"top_ids": [k for k, _ in ranked], "top_logprobs": [v.logprob for _, v in ranked]}
+        result["prompts"].append(entry)
     if spec.get("needles"):  # needle prompts, one generate call after the prompts: greedy answers as text
         answers = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["needles"]],
                                SamplingParams(max_tokens=g, temperature=0.0), use_tqdm=False)

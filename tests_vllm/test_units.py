@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from ridgefill_vllm.errors import InputError, MapsFormatError, MapsMismatchError
 from ridgefill_vllm import ARCHITECTURES, check_architecture
-from ridgefill_vllm.adapters import FAMILIES, GEMMA3, MISTRAL, PHI3, QWEN2, QWEN3
+from ridgefill_vllm.adapters import FAMILIES, GEMMA3, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_NEXT
 from ridgefill_vllm.llama import DEFAULT_TAIL, FillModel, attach_fill, check_engine, fill_settings
 from ridgefill_vllm.maps import load_fill_maps
 from ridgefill_vllm.plan import make_plan, subset_metadata
@@ -251,10 +251,16 @@ def test_family_engine_checks():
     """What each family refuses at engine start, naming the setting to change; sliding-window layers are served
     for Gemma 3 only."""
     windows = SimpleNamespace(layer_types=["sliding_attention", "full_attention"])
+    hybrid = SimpleNamespace(layer_types=["linear_attention", "full_attention"])
     check_engine(_engine(model_config__hf_config=windows), GEMMA3)
     check_engine(_engine(), QWEN2)
+    check_engine(_engine(model_config__hf_config=hybrid), QWEN3_NEXT)  # linear-attention layers: hybrid families only
     for family, change, words in [
             (GEMMA3, {"cache_config__enable_prefix_caching": True}, "enable_prefix_caching=False"),
+            (QWEN3_NEXT, {"cache_config__enable_prefix_caching": True}, "hybrid models.*enable_prefix_caching=False"),
+            (QWEN3_NEXT, {"model_config__hf_config": windows}, "sliding-window layers"),
+            (QWEN3_NEXT, {"model_config__hf_config": SimpleNamespace(layer_scale=True)}, "layer_scale"),
+            (QWEN2, {"model_config__hf_config": hybrid}, "sliding-window layers"),
             (QWEN2, {"model_config__hf_config": windows}, "sliding-window layers"),
             (QWEN3, {"model_config__hf_config": SimpleNamespace(is_causal=False)}, "causal attention"),
             (QWEN2, {"model_config__hf_config": SimpleNamespace(dual_chunk_attention_config={"a": 1})}, "dual-chunk"),
@@ -297,6 +303,8 @@ def test_maps_need_a_ridgefill_class_of_the_checkpoints_family():
         check_architecture(config(["Qwen2ForCausalLM"], {"maps": "m.safetensors"}))
     with pytest.raises(InputError, match="has no RidgeFill class"):
         check_architecture(config(["GPTNeoXForCausalLM"], {"maps": "m.safetensors"}))
+    with pytest.raises(InputError, match="Qwen3_5ForCausalLM: .*torchvision"):  # the reference fills it; vLLM cannot load it here
+        check_architecture(config(["Qwen3_5ForCausalLM"], {"maps": "m.safetensors"}))
     body = SimpleNamespace(config=SimpleNamespace(ridgefill={"maps": "m.safetensors"}, model_type="llama",
                                                   architectures=["RidgeFillQwen3ForCausalLM"]))
     with pytest.raises(InputError, match="model_type is 'llama'.*select RidgeFillLlamaForCausalLM"):
@@ -308,6 +316,8 @@ def test_maps_need_a_ridgefill_class_of_the_checkpoints_family():
     with pytest.raises(InputError, match="llama_4_scaling.*'select': 'off'"):
         FillModel.init_fill(body, _engine(model_config__hf_config=SimpleNamespace(
             llama_4_scaling={"beta": 0.1, "original_max_position_embeddings": 8192})), MISTRAL)
+    with pytest.raises(InputError, match="row selection is not served for hybrid models.*'select': 'off'"):
+        FillModel.init_fill(body, _engine(), QWEN3_NEXT)
     for family, engine in ((MISTRAL, {}), (PHI3, {}), (QWEN2, {}), (QWEN3, {}),
                            (GEMMA3, {"scheduler_config__disable_hybrid_kv_cache_manager": True})):
         with pytest.raises(Exception, match="missing.safetensors"):  # selection served: the maps load next

@@ -28,6 +28,22 @@ that compute only the map and K/V, and ``T`` exact rows that run the whole layer
     kv   = 2·2·d·(H_kv·h)
     lm_head = 2·d·V      (the last row only, in both paths)
 
+Hybrid models (Qwen3-Next, Qwen3.5: ``layer_types`` with ``"linear_attention"``): a linear-attention (Gated
+DeltaNet) layer has no K/V and no causal attention; per row, with ``H_k``, ``H_v`` key and value heads of
+``h_k``, ``h_v`` (``K = H_k·h_k``, ``V = H_v·h_v``) and a convolution of width ``c``::
+
+    linear_in   = 2·d·(2K + 2V + 2·H_v) [in_proj_qkvz, in_proj_ba] + 2·c·(2K + V) [conv]
+    linear_out  = 2·V·d               [out_proj]
+    recurrence  = 6·H_v·h_k·h_v       (the delta rule: read the state, update it, read the output)
+
+and counts ``N·(linear_in + linear_out + recurrence + mlp)`` in the exact prefill. In the fill, a late
+linear-attention layer's filled rows compute the map, ``linear_in`` and the recurrence (they advance the conv
+and recurrent states; the kernel's outputs come with it), and its exact rows all of it; a full-attention layer
+is counted as above, with the query projection doubled where the layer has an output gate
+(``attn_output_gate``: ``q_proj`` gives a query and a gate per head). Recurrence FLOPs are counted under
+``attention``, the convolution under ``projections``; the KV cache is that of the full-attention layers.
+Row selection and K/V maps are not defined for hybrids (their exact rows are a tail: ``ridgefill.adapters.HybridAdapter``).
+
 Norms, RoPE, SiLU, residual adds and softmax are linear in ``N`` with small constants and are left out
 (they are < 1 % of the FLOPs of a Llama layer); the embedding lookup is a gather, 0 FLOPs.
 
@@ -54,6 +70,10 @@ class ModelShape:
     Attributes:
         layers: ``L``; hidden: ``d``; heads: ``H``; kv_heads: ``H_kv``; head_dim: ``h``;
         intermediate: ``I``; vocab: ``V``; gated_mlp: three MLP matrices (Llama) instead of two.
+        linear_layers: indices of the linear-attention layers of a hybrid model (empty: every layer is
+            attention); linear_key_heads, linear_value_heads, linear_key_dim, linear_value_dim, linear_conv:
+            ``H_k``, ``H_v``, ``h_k``, ``h_v``, ``c`` of those layers; attn_output_gate: the attention layers'
+            query projection also gives an output gate per head (module docstring).
     """
 
     layers: int
@@ -64,12 +84,29 @@ class ModelShape:
     intermediate: int
     vocab: int
     gated_mlp: bool = True
+    linear_layers: tuple[int, ...] = ()
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    linear_conv: int = 0
+    attn_output_gate: bool = False
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InputError(f"model shape {name}={value!r} must be a positive integer")
+        lin = self.linear_layers
+        if not isinstance(lin, tuple) or len(set(lin)) != len(lin) or any(
+                not isinstance(i, int) or not 0 <= i < self.layers for i in lin):
+            raise InputError(f"linear_layers={lin!r} must be a tuple of distinct layer indices 0..{self.layers - 1}")
+        if lin:
+            for name in ("linear_key_heads", "linear_value_heads", "linear_key_dim", "linear_value_dim", "linear_conv"):
+                value = getattr(self, name)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise InputError(f"model shape {name}={value!r} must be a positive integer (the model has "
+                                     "linear-attention layers)")
         if self.heads % self.kv_heads:
             raise InputError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads} (grouped-query attention)")
 
@@ -91,9 +128,17 @@ class ModelShape:
         heads = need("num_attention_heads")
         hidden = need("hidden_size")
         head_dim = getattr(config, "head_dim", None) or hidden // heads
+        types = list(getattr(config, "layer_types", None) or [])
+        linear = tuple(i for i, t in enumerate(types) if t == "linear_attention")
+        hybrid = {}
+        if linear:  # Qwen3-Next / Qwen3.5 (transformers' field names); their attention layers have an output gate
+            hybrid = dict(linear_layers=linear, linear_key_heads=need("linear_num_key_heads"),
+                          linear_value_heads=need("linear_num_value_heads"), linear_key_dim=need("linear_key_head_dim"),
+                          linear_value_dim=need("linear_value_head_dim"), linear_conv=need("linear_conv_kernel_dim"),
+                          attn_output_gate=bool(getattr(config, "attn_output_gate", True)))
         return cls(layers=need("num_hidden_layers"), hidden=hidden, heads=heads,
                    kv_heads=getattr(config, "num_key_value_heads", None) or heads, head_dim=head_dim,
-                   intermediate=need("intermediate_size"), vocab=need("vocab_size"), gated_mlp=True)
+                   intermediate=need("intermediate_size"), vocab=need("vocab_size"), gated_mlp=True, **hybrid)
 
     # --- per-row pieces (FLOPs) -------------------------------------------------------------
     @property
@@ -103,9 +148,29 @@ class ModelShape:
 
     @property
     def projection_flops(self) -> int:
-        """Q, K, V and O projections of one row."""
-        q_o = 2 * 2 * self.hidden * self.heads * self.head_dim
+        """Q, K, V and O projections of one row of an attention layer (Q twice as wide with an output gate)."""
+        q_o = (3 if self.attn_output_gate else 2) * 2 * self.hidden * self.heads * self.head_dim
         return q_o + self.kv_flops
+
+    @property
+    def linear_in_flops(self) -> int:
+        """A linear-attention layer's input projections and convolution for one row (module docstring)."""
+        k, v = self.linear_key_heads * self.linear_key_dim, self.linear_value_heads * self.linear_value_dim
+        return 2 * self.hidden * (2 * k + 2 * v + 2 * self.linear_value_heads) + 2 * self.linear_conv * (2 * k + v)
+
+    @property
+    def linear_out_flops(self) -> int:
+        """A linear-attention layer's output projection for one row: ``2·V·d``."""
+        return 2 * self.linear_value_heads * self.linear_value_dim * self.hidden
+
+    @property
+    def recurrence_flops(self) -> int:
+        """The delta rule for one row of a linear-attention layer: ``6·H_v·h_k·h_v``."""
+        return 6 * self.linear_value_heads * self.linear_key_dim * self.linear_value_dim
+
+    def linear_count(self, first: int, stop: int) -> int:
+        """How many of layers ``first..stop-1`` are linear-attention layers."""
+        return sum(first <= i < stop for i in self.linear_layers)
 
     @property
     def mlp_flops(self) -> int:
@@ -126,10 +191,20 @@ class ModelShape:
     # --- per-model pieces (values, not bytes) ------------------------------------------------
     @property
     def layer_params(self) -> int:
-        """Weights of one layer: projections, MLP and the two norms."""
-        proj = 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
+        """Weights of one attention layer: projections, MLP and the two norms."""
+        proj = ((3 if self.attn_output_gate else 2) * self.hidden * self.heads * self.head_dim
+                + 2 * self.hidden * self.kv_heads * self.head_dim)
         mlp = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
         return proj + mlp + 2 * self.hidden
+
+    @property
+    def linear_layer_params(self) -> int:
+        """Weights of one linear-attention layer: projections, convolution, gates, gated norm, MLP, two norms."""
+        k, v, hv = (self.linear_key_heads * self.linear_key_dim, self.linear_value_heads * self.linear_value_dim,
+                    self.linear_value_heads)
+        mixer = self.hidden * (2 * k + 2 * v + 2 * hv) + self.linear_conv * (2 * k + v) + v * self.hidden + 2 * hv
+        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
+        return mixer + self.linear_value_dim + mlp + 2 * self.hidden
 
 
 @dataclass(frozen=True)
@@ -162,8 +237,10 @@ def _check_sizes(shape: ModelShape, n: int, split: int | None = None, tail: int 
 
 
 def _finish(shape: ModelShape, n: int, parts: dict[str, int], extra_params: int, bytes_per_value: int) -> PrefillCost:
-    params = shape.layers * shape.layer_params + shape.hidden + shape.hidden * shape.vocab + n * shape.hidden
-    kv = 2 * shape.layers * n * shape.kv_heads * shape.head_dim
+    linear = len(shape.linear_layers)
+    params = ((shape.layers - linear) * shape.layer_params + linear * shape.linear_layer_params + shape.hidden
+              + shape.hidden * shape.vocab + n * shape.hidden)
+    kv = 2 * (shape.layers - linear) * n * shape.kv_heads * shape.head_dim
     return PrefillCost(flops=sum(parts.values()), weight_bytes=(params + extra_params) * bytes_per_value,
                        kv_cache_bytes=kv * bytes_per_value, parts=parts)
 
@@ -180,9 +257,12 @@ def exact_cost(shape: ModelShape, n: int, *, bytes_per_value: int = 2) -> Prefil
         InputError: ``n`` or ``bytes_per_value`` not a positive integer.
     """
     _check_sizes(shape, n, bytes_per_value=bytes_per_value)
-    L = shape.layers
-    parts = {"projections": L * n * shape.projection_flops, "mlp": L * n * shape.mlp_flops,
-             "attention": L * shape.attention_flops(0, n), "maps": 0, "lm_head": 2 * shape.hidden * shape.vocab}
+    L, lin = shape.layers, len(shape.linear_layers)
+    parts = {"projections": (L - lin) * n * shape.projection_flops + lin * n * (shape.linear_in_flops
+                                                                               + shape.linear_out_flops),
+             "mlp": L * n * shape.mlp_flops,
+             "attention": (L - lin) * shape.attention_flops(0, n) + lin * n * shape.recurrence_flops,
+             "maps": 0, "lm_head": 2 * shape.hidden * shape.vocab}
     return _finish(shape, n, parts, 0, bytes_per_value)
 
 
@@ -222,10 +302,16 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
             ``2·d`` features, so it costs ``2·(2d)·k + k`` FLOPs per filled row and stores ``2d·k + k``
             values per late layer (``k = d``, or ``2·H_kv·h`` with ``kv_maps``); ``0``: ``d`` features.
 
+    Hybrid models (``shape.linear_layers``): module docstring.
+
     Raises:
-        InputError: a size out of range, or a selected row outside the filled rows.
+        InputError: a size out of range, or a selected row outside the filled rows, or row selection or K/V maps
+            for a hybrid model.
     """
     _check_sizes(shape, n, split, tail, bytes_per_value)
+    if shape.linear_layers and (selected or kv_maps):
+        raise InputError("row selection and K/V maps are not defined for models with linear-attention layers (their "
+                         "exact rows are the tail; a recurrent layer has no K/V)")
     lower, late, filled = split + 1, shape.layers - split - 1, n - tail
     selected = sorted(int(p) for p in selected)
     if selected and (selected[0] < 0 or selected[-1] >= filled or len(set(selected)) != len(selected)):
@@ -250,16 +336,25 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
     kv_flops = 0 if kv_maps else shape.kv_flops
     chosen_attention = sum(shape.attention_flops(p, p + 1) for p in selected)
     scoring = passes * min(queries, tail + k) * shape.attention_flops(n - 1, n)
+    lower_lin, late_lin = shape.linear_count(0, lower), shape.linear_count(lower, shape.layers)
+    lower_att, late_att = lower - lower_lin, late - late_lin  # attention layers below and above the split
     parts = {
-        "projections": lower * n * shape.projection_flops + late * (kv_rows * kv_flops + exact_rows * shape.projection_flops),
+        "projections": (lower_att * n * shape.projection_flops
+                        + late_att * (kv_rows * kv_flops + exact_rows * shape.projection_flops)
+                        # linear-attention layers: every row's input projections; the output projection for rows
+                        # that run the layer in full (all below the split, the tail above it)
+                        + (lower_lin * n + late_lin * n) * shape.linear_in_flops
+                        + (lower_lin * n + late_lin * exact_rows) * shape.linear_out_flops),
         "mlp": (lower * n + late * exact_rows) * shape.mlp_flops,
-        "attention": (lower * shape.attention_flops(0, n)
-                      + late * ((1 + passes) * shape.attention_flops(filled, n)
-                                + chosen_passes * chosen_attention + scoring)),
+        "attention": (lower_att * shape.attention_flops(0, n)
+                      + late_att * ((1 + passes) * shape.attention_flops(filled, n)
+                                    + chosen_passes * chosen_attention + scoring)
+                      + (lower_lin + late_lin) * n * shape.recurrence_flops),
         "maps": late * kv_rows * map_flops + leverage,
         "lm_head": 2 * shape.hidden * shape.vocab,
     }
-    assert parts["projections"] + parts["mlp"] == (lower * n + late * exact_rows) * row + late * kv_rows * kv_flops
+    if not shape.linear_layers:
+        assert parts["projections"] + parts["mlp"] == (lower * n + late * exact_rows) * row + late * kv_rows * kv_flops
     extra = late * (features * map_out + map_out) if (maps or kv_maps) else 0
     return _finish(shape, n, parts, extra, bytes_per_value)
 

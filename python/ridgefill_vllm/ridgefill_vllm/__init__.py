@@ -2,7 +2,7 @@
 
 :func:`register` (run by vLLM in each of its processes) registers the model classes in
 :data:`ARCHITECTURES` (``RidgeFill<Arch>`` for vLLM's ``<Arch>``: Llama, Mistral, Phi-3, Qwen2, Qwen3,
-Qwen3-MoE, Gemma 3; :mod:`ridgefill_vllm.llama`, :mod:`ridgefill_vllm.families`), refuses at model load a
+Qwen3-MoE, Gemma 3, Qwen3-Next; :mod:`ridgefill_vllm.llama`, :mod:`ridgefill_vllm.families`), refuses at model load a
 model config with ``ridgefill`` maps whose architecture is not one of them, makes the request front end refuse
 prompt logprobs for models served with maps (filled prompt tokens have no logits), and makes the prefix
 cache's block hashes carry the fill (:mod:`ridgefill_vllm.prefix`). Select the class and the maps through
@@ -21,7 +21,14 @@ __version__ = "0.1.0"
 SERVED = {"LlamaForCausalLM": "RidgeFillLlamaForCausalLM", "MistralForCausalLM": "RidgeFillMistralForCausalLM",
           "Phi3ForCausalLM": "RidgeFillPhi3ForCausalLM", "Qwen2ForCausalLM": "RidgeFillQwen2ForCausalLM",
           "Qwen3ForCausalLM": "RidgeFillQwen3ForCausalLM", "Qwen3MoeForCausalLM": "RidgeFillQwen3MoeForCausalLM",
-          "Gemma3ForCausalLM": "RidgeFillGemma3ForCausalLM"}
+          "Gemma3ForCausalLM": "RidgeFillGemma3ForCausalLM", "Qwen3NextForCausalLM": "RidgeFillQwen3NextForCausalLM"}
+#: vLLM's architectures the reference fills but the plugin does not serve, and why (refused at model load).
+NOT_SERVED = {
+    "Qwen3_5ForCausalLM": "vLLM 0.32's Qwen3.5 model module imports the Qwen2-VL image processor, which needs "
+                          "torchvision (not installed with the CPU build), so the plugin has no RidgeFill class for it "
+                          "yet; serve Qwen3-Next (RidgeFillQwen3NextForCausalLM), or Qwen3.5 with the reference "
+                          "(ridgefill.prefill)",
+}
 #: register name -> ``module:class`` of each RidgeFill class.
 ARCHITECTURES = {name: f"ridgefill_vllm.{'llama' if name == 'RidgeFillLlamaForCausalLM' else 'families'}:{name}"
                  for name in SERVED.values()}
@@ -32,7 +39,8 @@ def check_architecture(model_config) -> None:
     it exact, ignoring the maps).
 
     Raises:
-        ridgefill_vllm.errors.InputError: naming the RidgeFill class to select, or the served architectures.
+        ridgefill_vllm.errors.InputError: naming the RidgeFill class to select, or the served architectures, or
+            why an architecture the reference fills is not served (:data:`NOT_SERVED`).
     """
     from .errors import InputError
 
@@ -41,6 +49,9 @@ def check_architecture(model_config) -> None:
     archs = getattr(hf_config, "architectures", None) or []
     if not isinstance(cfg, dict) or cfg.get("maps") is None or any(a in ARCHITECTURES for a in archs):
         return
+    refused = [a for a in archs if a in NOT_SERVED]
+    if refused:
+        raise InputError(f"the model config has RidgeFill maps for {refused[0]}: {NOT_SERVED[refused[0]]}")
     fix = [SERVED[a] for a in archs if a in SERVED]
     if fix:
         raise InputError(f"the model config has RidgeFill maps but selects vLLM's own {archs[0]}, which ignores "

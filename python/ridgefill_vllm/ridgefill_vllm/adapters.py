@@ -11,26 +11,13 @@ queries, which :meth:`Family.queries` gives as the layer computes them (Qwen3's 
 Q bias through the QKV bias; the scale, Gemma 3's ``query_pre_attn_scalar ** -0.5`` included, is the attention
 module's ``scaling``); what a family's selection cannot serve, :meth:`Family.check_selection` refuses.
 
-================  =======================  ==================================================  ================
-family            vLLM class               what differs from Llama for the filled tokens' K/V  row selection
-================  =======================  ==================================================  ================
-llama             ``LlamaForCausalLM``     —                                                   served
-mistral           ``MistralForCausalLM``   — (Llama 4 query scaling touches queries only)      served, not with
-                                                                                               Llama 4 query
-                                                                                               scaling
-phi3              ``Phi3ForCausalLM``      — (vLLM's Llama layers; fused ``qkv_proj`` in the   served
-                                           checkpoint)
-qwen2             ``Qwen2ForCausalLM``     Q/K/V bias (the K/V rows of the QKV bias);          served
-                                           optional ``qk_norm``
-qwen3, qwen3_moe  ``Qwen3ForCausalLM``,    per-head ``k_norm`` (RMSNorm) before RoPE;          served
-                  ``Qwen3MoeForCausalLM``  Qwen3-MoE: filled tokens run no late MLP, so they
-                                           never reach the experts
-gemma3_text       ``Gemma3ForCausalLM``    per-head ``k_norm`` (Gemma RMSNorm, ``1 + w``)      served with
-                                           before RoPE; RoPE base per layer type;              vLLM's hybrid
-                                           sliding-window layers (each late layer's slots      KV-cache
-                                           come from its own KV-cache group)                   manager off
-================  =======================  ==================================================  ================
-
+qwen3_next        ``Qwen3NextForCausalLM`` hybrid: linear-attention (Gated DeltaNet) layers,     refused
+                                           whose filled tokens advance the layer's conv and
+                                           recurrent states; full-attention layers with an
+                                           output gate (the fused QKV weight's rows are Q and
+                                           gate, K, V), ``1 + w`` norms, ``k_norm``, partial
+                                           RoPE; layers called with keywords
+================  =======================  ==================================================  =========
 The norms, RoPE tables and embedding scale are the layer's and model's own modules, so Gemma's ``1 + w`` norms,
 the embedding scale ``sqrt(d)`` and the query pre-attention scalar (the attention's ``scaling``, which the exact
 tokens and row selection's scores use) need no code here.
@@ -49,12 +36,14 @@ class Family:
         architecture: the family's RidgeFill class (its register name).
         model_types: the checkpoints' ``config.model_type`` values the family serves.
         sliding_windows: whether sliding-window layers are served.
+        recurrent: whether the model has linear-attention (recurrent-state) layers (hybrid families).
     """
 
     name = "llama"
     architecture = "RidgeFillLlamaForCausalLM"
     model_types: tuple[str, ...] = ("llama",)
     sliding_windows = False
+    recurrent = False
 
     def attention(self, layer: nn.Module) -> nn.Module:
         """The layer's attention module (``qkv_proj``, ``q_size``, ``kv_size``, ``rotary_emb``, ``attn``)."""
@@ -67,6 +56,18 @@ class Family:
     def qkv(self, attn: nn.Module) -> nn.Module:
         """The fused QKV projection: ``weight`` ``[q_size + 2·kv_size, d]`` (rows Q, K, V), optional ``bias``."""
         return attn.qkv_proj
+
+    def q_rows(self, attn: nn.Module) -> int:
+        """The rows of the fused QKV weight before the K rows (this rank's query rows): ``q_size``."""
+        return attn.q_size
+
+    def is_recurrent(self, layer: nn.Module) -> bool:
+        """Whether ``layer`` is a linear-attention (recurrent-state) layer: never in a dense family."""
+        return False
+
+    def call(self, layer: nn.Module, positions: Tensor, hidden: Tensor, residual: Tensor | None):
+        """Run vLLM's decoder ``layer``; returns ``(hidden, residual)`` (the next layer's input is their sum)."""
+        return layer(positions, hidden, residual)
 
     def keys(self, attn: nn.Module, k: Tensor) -> Tensor:
         """Keys ``[tokens, kv_size]`` after the K projection, before RoPE: unchanged (no key norm)."""
@@ -189,6 +190,45 @@ class Gemma3Family(QKNormFamily):
         return out
 
 
+class Qwen3NextFamily(QKNormFamily):
+    """vLLM's ``Qwen3NextForCausalLM``: full-attention layers (``self_attn``, output gate) and linear-attention
+    layers (``linear_attn``, Gated DeltaNet), decoder layers called as ``layer(positions=, hidden_states=,
+    residual=)``."""
+
+    name, model_types, recurrent = "qwen3_next", ("qwen3_next",), True
+    architecture = "RidgeFillQwen3NextForCausalLM"
+
+    def check_selection(self, vllm_config) -> list[str]:
+        return ["row selection is not served for hybrid models (qwen3_next) yet: the chosen rows would rerun the "
+                "linear-attention layers' recurrence from the split state; set 'select': 'off' in the ridgefill config"]
+
+    def q_rows(self, attn: nn.Module) -> int:
+        """Query and output-gate rows (``2·q_size`` with the output gate, vLLM's ``attn_output_gate``)."""
+        return attn.q_size * (2 if getattr(attn, "attn_output_gate", False) else 1)
+
+    def is_recurrent(self, layer: nn.Module) -> bool:
+        """Whether ``layer`` is a linear-attention layer (it has ``linear_attn``, no ``self_attn``)."""
+        return hasattr(layer, "linear_attn")
+
+    def call(self, layer: nn.Module, positions: Tensor, hidden: Tensor, residual: Tensor | None):
+        """Run vLLM's ``Qwen3NextDecoderLayer`` (keyword arguments); returns ``(hidden, residual)``."""
+        return layer(positions=positions, hidden_states=hidden, residual=residual)
+
+    def check(self, vllm_config) -> list[str]:
+        out = []
+        if vllm_config.cache_config.enable_prefix_caching:
+            out.append("prefix caching is on, which the fill does not serve for hybrid models yet (vLLM caches their "
+                       "recurrent states at block boundaries, mamba_cache_mode 'align'): pass "
+                       "enable_prefix_caching=False (`--no-enable-prefix-caching`)")
+        if getattr(vllm_config.parallel_config, "use_sequence_parallel_moe", False):
+            out.append("sequence-parallel MoE is on (the layers then split their rows across ranks): turn "
+                       "use_sequence_parallel_moe off")
+        if getattr(vllm_config.model_config.hf_config, "layer_scale", False):
+            out.append("the config sets layer_scale, which the fill does not serve: serve without the ridgefill maps")
+        return out
+
+
 LLAMA, MISTRAL, PHI3 = Family(), MistralFamily(), Phi3Family()
 QWEN2, QWEN3, QWEN3_MOE, GEMMA3 = Qwen2Family(), Qwen3Family(), Qwen3MoeFamily(), Gemma3Family()
-FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, GEMMA3)
+QWEN3_NEXT = Qwen3NextFamily()
+FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, GEMMA3, QWEN3_NEXT)

@@ -13,8 +13,9 @@ from vllm.model_executor.models.phi3 import Phi3ForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
+from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
 
-from .adapters import GEMMA3, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE
+from .adapters import GEMMA3, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, QWEN3_NEXT
 from .llama import FillCausalLM
 
 
@@ -52,3 +53,11 @@ class RidgeFillGemma3ForCausalLM(FillCausalLM, Gemma3ForCausalLM):
     """vLLM's ``Gemma3ForCausalLM`` (text) with the fill, sliding-window and full layers."""
 
     family = GEMMA3
+
+
+class RidgeFillQwen3NextForCausalLM(FillCausalLM, Qwen3NextForCausalLM):
+    """vLLM's ``Qwen3NextForCausalLM`` (hybrid: linear-attention and full-attention layers, MoE) with the fill:
+    filled tokens advance the late linear-attention layers' states and write the late full-attention layers'
+    K/V; they run no late MLP."""
+
+    family = QWEN3_NEXT

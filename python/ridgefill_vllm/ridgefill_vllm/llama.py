@@ -25,6 +25,11 @@ tokens (:mod:`ridgefill_vllm.plan`):
    and the chosen rows run the late layers again from their kept split states (pass 2). With tensor
    parallelism the ranks exchange head and row scores so that all choose the same rows (:mod:`ridgefill_vllm.tp`).
 
+5. Hybrid models (Qwen3-Next, :meth:`FillModel._forward_hybrid`): a late linear-attention layer runs its input
+   norm and mixer over every token of the step, on ``x̂_l`` for filled tokens and on the true input for exact
+   tokens, so the filled tokens advance its conv and recurrent states and the exact tokens continue from them;
+   its output, residual and MLP are computed for the exact tokens only.
+
 The step's output hidden states are those of the exact tokens; filled rows are zero (the sampler
 reads the last token of each request, which is exact once the prompt is complete; what it samples after
 a partial prefill, vLLM discards). Decoding steps and steps without filled tokens
@@ -122,8 +127,9 @@ def check_engine(vllm_config: VllmConfig, family: Family = LLAMA) -> None:
     if vllm_config.quant_config is not None:
         problems.append("the weights are quantized: serve unquantized (float32, bfloat16 or float16) weights")
     hf_config = vllm_config.model_config.hf_config
+    served_types = {"full_attention"} | ({"linear_attention"} if family.recurrent else set())
     if not family.sliding_windows and getattr(hf_config, "layer_types", None) and any(
-            t != "full_attention" for t in hf_config.layer_types):
+            t not in served_types for t in hf_config.layer_types):
         problems.append(f"the model has sliding-window layers, which this plugin does not fill for {family.name} "
                         "models yet (it does for Gemma 3)")
     problems += family.check(vllm_config)
@@ -133,8 +139,8 @@ def check_engine(vllm_config: VllmConfig, family: Family = LLAMA) -> None:
 
 class FillModel:
     """The fill prefill of the late layers (module docstring), mixed into a vLLM model body (``LlamaModel``,
-    ``Qwen2Model``, ``Qwen3Model``, ``Qwen3MoeModel``, ``MistralModel``, ``Gemma3Model``: ``embed_input_ids``,
-    ``layers``, ``norm``, ``config``, layers called as ``layer(positions, hidden, residual)`` returning
+    ``Qwen2Model``, ``Qwen3Model``, ``Qwen3MoeModel``, ``MistralModel``, ``Gemma3Model``, ``Qwen3NextModel``:
+    ``embed_input_ids``, ``layers``, ``norm``, ``config``, layers called through ``family.call`` returning
     ``(hidden, residual)`` with the layer input ``hidden + residual``). What differs per family is read through
     ``self.family`` (:class:`ridgefill_vllm.adapters.Family`). :func:`attach_fill`
     gives a built body this mixin and calls :meth:`init_fill`."""
@@ -182,10 +188,15 @@ class FillModel:
         self._chosen = ChosenRows()  # each request's exact rows, reused when a preempted request is recomputed
         self._scoring: ScoringModel | None = None
         self.late = list(range(self.split + 1, self.config.num_hidden_layers))
-        self.late_names = [family.attention(self.layers[i]).attn.layer_name for i in self.late]
+        # the late layers with attention (all of them but a hybrid model's linear-attention layers)
+        self.late_attn = [i for i in self.late if not family.is_recurrent(self.layers[i])]
+        if not self.late_attn:
+            raise InputError(f"the maps' split S={self.split} leaves no full-attention layer after it (layers "
+                             f"{self.late} are linear-attention layers): fit maps at a smaller split")
+        self.late_names = [family.attention(self.layers[i]).attn.layer_name for i in self.late_attn]
         # each late layer's sliding window (None: full attention): the filled rows no exact row sees get no K/V
-        self._windows = [getattr(family.attention(self.layers[i]).attn, "sliding_window", None) for i in self.late]
-        for i in self.late:
+        self._windows = [getattr(family.attention(self.layers[i]).attn, "sliding_window", None) for i in self.late_attn]
+        for i in self.late_attn:
             attn = family.attention(self.layers[i]).attn
             if attn.attn_backend.forward_includes_kv_cache_update:
                 raise InputError(f"the attention backend {attn.attn_backend.get_name()} writes the KV cache inside "
@@ -202,27 +213,31 @@ class FillModel:
             InputError: the QKV weights were already repacked (CPU build with ``load_format="dummy"``).
         """
         self._kv = []
-        for i in self.late:
+        for i in self.late_attn:
             attn = self.family.attention(self.layers[i])
             w = self.family.qkv(attn).weight
-            if w.ndim != 2 or w.shape[0] != attn.q_size + 2 * attn.kv_size:
+            q_rows = self.family.q_rows(attn)  # Q rows (and a hybrid model's output-gate rows) before K, V
+            if w.ndim != 2 or w.shape[0] != q_rows + 2 * attn.kv_size:
                 raise InputError("the late layers' QKV weights were repacked before RidgeFill could copy their K/V "
                                  "rows; load real weights (not load_format='dummy') on this platform")
             bias = getattr(self.family.qkv(attn), "bias", None)
             if self.selection is not None:  # the query rows' queries, for the attention parts' scores
                 self._q[i] = (w[:attn.q_size].detach().clone(), None if bias is None else bias[:attn.q_size].detach().clone())
-            w = w[attn.q_size:].detach().clone()  # [2·kv_size (this rank), d]
-            self._kv.append((w, None if bias is None else bias[attn.q_size:].detach().clone()))
+            w = w[q_rows:].detach().clone()  # [2·kv_size (this rank), d]
+            self._kv.append((w, None if bias is None else bias[q_rows:].detach().clone()))
 
-    def _write_filled(self, j: int, h: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
-        """Late layer ``self.late[j]``: K/V of the filled tokens from ``x̂ = h W + b`` into the paged cache
-        (``h`` ``[F, f]``: the filled tokens' ``h_S``, beside the previous token's for context maps)."""
+    def _write_filled(self, j: int, h: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      m: int | None = None) -> None:
+        """Late attention layer ``self.late_attn[j]``: K/V of the filled tokens from ``x̂ = h W + b`` (the maps of
+        late layer ``m``, default ``j``: the same layer in a model without linear-attention layers) into the paged
+        cache (``h`` ``[F, f]``: the filled tokens' ``h_S``, beside the previous token's for context maps)."""
         if h.shape[0] == 0:
             return
-        layer = self.layers[self.late[j]]
+        layer = self.layers[self.late_attn[j]]
         family = self.family
         attn = family.attention(layer)
-        x_hat = torch.addmm(self._b[j], h, self._w[j])  # [F, d]
+        m = j if m is None else m
+        x_hat = torch.addmm(self._b[m], h, self._w[m])  # [F, d]
         w, bias = self._kv[j]
         k, v = F.linear(family.input_norm(layer)(x_hat), w, bias).split([attn.kv_size, attn.kv_size], dim=-1)
         k = family.keys(attn, k)  # per-head k-norm before RoPE where the family has one (Qwen3, Gemma 3)
@@ -273,7 +288,7 @@ class FillModel:
         hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
         residual = None
         for layer in islice(self.layers, 0, self.split + 1):
-            hidden, residual = layer(positions, hidden, residual)
+            hidden, residual = self.family.call(layer, positions, hidden, residual)
         if not self._kv:
             self.capture_kv_weights()
         seen = self._seen_filled(plan, positions[plan.filled])
@@ -307,6 +322,8 @@ class FillModel:
                 self._carry[slot] = h[t].detach().clone()
             h_f = torch.cat([h_f, h_prev], -1)
         plans = self._layer_plans(plan)
+        if self.family.recurrent:
+            return self._forward_hybrid(plan, positions, h, h_f, pos_f, plans)
         selecting = selecting_requests(plan, self.tail) if self.selection is not None else []
         if selecting:
             for j in range(len(self.late)):
@@ -334,6 +351,79 @@ class FillModel:
             x, _ = self.norm(x, residual)
             out[plan.exact] = x
         return out
+
+    def _forward_hybrid(self, plan, positions: torch.Tensor, h: torch.Tensor, h_f: torch.Tensor,
+                        pos_f: torch.Tensor, plans: list) -> torch.Tensor:
+        """The late layers of a hybrid model (linear-attention and full-attention layers) in a step with filled
+        tokens. Full-attention layers: as in a dense model (the filled tokens' K/V from ``x̂_l``; the exact tokens
+        run the layer with attention metadata for their queries). Linear-attention layer ``l``
+        (:meth:`_recurrent_layer`): the layer's input norm and Gated DeltaNet mixer run over every token of the
+        step, in the step's order, on ``x̂_l`` for filled tokens and on the exact tokens' own layer input, with
+        vLLM's own metadata for the layer (its recurrence is causal per request: the exact tokens continue from
+        the conv and recurrent states the filled tokens advanced, and a later chunk from those of earlier chunks,
+        kept in vLLM's state cache); the mixer's output, residual, post-attention norm and MLP are computed for
+        the exact tokens only. ``h`` ``[tokens, d]`` is ``h_S``, ``h_f`` ``[F, f]`` the filled tokens' map
+        features. Returns the step's output hidden states (filled rows zero)."""
+        x, pos_e, residual = h[plan.exact], positions[plan.exact], None
+        has_exact = plan.exact.numel() > 0
+        slots = get_forward_context().slot_mapping
+        saved = {name: slots.get(name) for name in self.late_names}
+        try:
+            for name, p in zip(self.late_names, plans):  # the exact tokens' own K/V go to their slots
+                slots[name] = p.exact_slots
+            j = 0  # index among the late attention layers
+            for m, i in enumerate(self.late):
+                layer = self.layers[i]
+                if self.family.is_recurrent(layer):
+                    x, residual = self._recurrent_layer(m, layer, plan, positions, h_f, x, pos_e, residual)
+                    continue
+                self._write_filled(j, h_f, pos_f, plans[j].filled_slots, m)
+                j += 1
+                if has_exact:
+                    x, residual = self.family.call(layer, pos_e, x, residual)
+        finally:
+            _restore(slots, saved)
+        out = h.new_zeros((positions.shape[0], h.shape[-1]))
+        if has_exact:
+            x, _ = self.norm(x, residual)
+            out[plan.exact] = x
+        return out
+
+    def _recurrent_layer(self, m: int, layer, plan, positions: torch.Tensor, h_f: torch.Tensor, x: torch.Tensor,
+                         pos_e: torch.Tensor, residual: torch.Tensor | None):
+        """Late linear-attention layer ``self.late[m]`` (:meth:`_forward_hybrid`): advances its states over the
+        step's tokens (filled: ``x̂ = h_f W + b``; exact: ``x + residual``, ``[E, d]``) and returns the exact
+        tokens' ``(hidden, residual)`` after the layer, computed by vLLM's own decoder layer whose mixer call
+        returns the mixer's exact rows."""
+        la = layer.linear_attn
+        exact = plan.exact
+        normed = h_f.new_zeros((positions.shape[0], x.shape[-1]))
+        if h_f.shape[0]:
+            normed[plan.filled] = layer.input_layernorm(torch.addmm(self._b[m], h_f, self._w[m]))
+        if exact.numel():  # the norm the layer applies below (on copies: vLLM's fused add-norm may work in place)
+            normed[exact] = (layer.input_layernorm(x.clone()) if residual is None
+                             else layer.input_layernorm(x.clone(), residual.clone())[0])
+        project = la._output_projection  # gated norm + out_proj: the exact tokens' rows only
+
+        def exact_rows(core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+            if not exact.numel():
+                return core.new_zeros((0, x.shape[-1]))
+            return project(core[exact], z[exact])
+
+        la._output_projection = exact_rows
+        try:
+            mixed = la(hidden_states=normed)
+        finally:
+            del la._output_projection
+        if not exact.numel():
+            return x, residual
+        if mixed.shape[0] != exact.numel():  # a platform path that projected every row
+            mixed = mixed[exact]
+        la.forward = lambda hidden_states: mixed  # the decoder layer's mixer call returns the exact rows' output
+        try:
+            return self.family.call(layer, pos_e, x, residual)
+        finally:
+            del la.forward
 
     def _forward_selecting(self, plan, positions: torch.Tensor, h: torch.Tensor, selecting) -> torch.Tensor:
         """The late layers of a step in which requests select (:mod:`ridgefill_vllm.selection`): the filled
