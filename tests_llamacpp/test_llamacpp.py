@@ -42,16 +42,6 @@ MIN_STEPS_COMPARED = 8  # greedy steps judged over both prompts, at least (measu
 
 
 @pytest.fixture(scope="module")
-def build() -> Path:
-    given = os.environ.get("RIDGEFILL_LLAMACPP", "").strip()
-    if given:
-        return Path(given)
-    out = subprocess.run(["bash", str(ENGINE / "build.sh")], check=True, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHON=sys.executable))
-    return Path(out.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
 def smollm2():
     from ridgefill.data.models import load_model
 

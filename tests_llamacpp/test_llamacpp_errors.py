@@ -35,16 +35,6 @@ GGUF_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 N = 200  # prompt tokens (ubatches of 64: the fill spans several)
 
 
-@pytest.fixture(scope="module")
-def build() -> Path:
-    given = os.environ.get("RIDGEFILL_LLAMACPP", "").strip()
-    if given:
-        return Path(given)
-    out = subprocess.run(["bash", str(ENGINE / "build.sh")], check=True, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHON=sys.executable))
-    return Path(out.stdout.strip().splitlines()[-1])
-
-
 def random_maps(seed: int = 0):
     """Context input maps for SmolLM2 (30 layers of width 576) at S = 15, small random values."""
     from ridgefill.maps import RidgeMaps
