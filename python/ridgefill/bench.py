@@ -83,7 +83,8 @@ class BenchConfig:
 
     CPU: model ``"smollm2"`` (the real SmolLM2-135M), float32, lengths 1K-8K, tail 256.
     CUDA: model ``"llama3-8b-random"``, bfloat16, lengths 8K/32K/128K, tail 2048.
-    The split defaults to ``L // 2`` (15 for SmolLM2, 16 for the 8B shape).
+    The split defaults to :func:`ridgefill.defaults.default_split` (12 for SmolLM2, ``L // 2`` otherwise: 16
+    for the 8B shape).
     """
 
     model: str | None = None
@@ -504,7 +505,7 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
     select = as_select(cfg.select)  # a bad spec fails before the model is built
     model, name, device, dtype = _resolve(cfg)
     L = model.config.num_hidden_layers
-    split = defaults.split_for(L) if cfg.split is None else cfg.split
+    split = defaults.default_split(model) if cfg.split is None else cfg.split
     tail = cfg.tail or (2048 if device.type == "cuda" else 256)
     lengths = tuple(cfg.lengths or (_GPU_LENGTHS if device.type == "cuda" else _CPU_LENGTHS))
     if not lengths or any(n < 2 for n in lengths):

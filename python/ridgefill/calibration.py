@@ -261,7 +261,8 @@ def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[
     Args:
         texts: calibration texts (keep them disjoint from evaluation text); ``None``, the shipped default set
             (:func:`ridgefill.data.texts.calibration_texts`).
-        split: ``S``; ``None``, the default split (:func:`ridgefill.defaults.split_for`, ``L // 2``).
+        split: ``S``; ``None``, the default split (:func:`ridgefill.defaults.default_split`: 12 for the
+            bundled SmolLM2, else ``L // 2``).
         tokens: calibration token budget (whole chunks, rounded up; default 65,536); ``None`` for all text.
         chunk: tokens per forward pass.
         lam: ``λ`` (number ``≥ 0``) or ``"auto"`` (per layer, by held-out error).
@@ -286,7 +287,7 @@ def calibrate(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Mapping[
         SingularGramError, NonFiniteError, MapsFormatError: see :func:`collect_stats_many` and
             :func:`ridgefill.ridge.fit_maps`.
     """
-    split = defaults.split_for(model.config.num_hidden_layers) if split is None else check_int(split, "split S", lo=0)
+    split = defaults.default_split(model) if split is None else check_int(split, "split S", lo=0)
     return calibrate_many(model, tokenizer, texts, splits=(split,), tokens=tokens, chunk=chunk, lam=lam,
                           heldout_every=heldout_every, model_name=model_name, progress=progress,
                           checkpoint=checkpoint, checkpoint_every=checkpoint_every, targets=targets,

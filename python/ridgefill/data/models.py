@@ -1121,7 +1121,9 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype
     Returns:
         ``(model, tokenizer, name)``: the ``PreTrainedModel`` in eval mode on ``device``, its
         tokenizer exactly as stored (no pad token is added; :func:`load_tokenizer` gives the same one
-        without the weights), and a short display name (a GGUF's file name).
+        without the weights), and a short display name (a GGUF's file name). A bundled model's config
+        carries ``ridgefill_bundled`` (``"smollm2"`` or ``"gemma3"``), which sets its default split
+        (:func:`ridgefill.defaults.default_split`).
 
     Raises:
         AssetError: the spec is not one of the forms above, the path does not exist, the files cannot
@@ -1132,7 +1134,7 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype
         UnsupportedModelError: the config's (or GGUF's) model type has no adapter; raised by
             :func:`check_model_type` before any weight is read.
     """
-    _, _, name = _resolve_spec(spec)
+    kind, _, name = _resolve_spec(spec)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise AssetError(f"dtype must be a floating torch dtype such as torch.float32 or torch.bfloat16; got {dtype!r}")
     directory = model_folder(spec)
@@ -1151,4 +1153,6 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, dtype: torch.dtype
         model = model.to(device)
     except (RuntimeError, ValueError) as exc:
         raise AssetError(f"could not move model {name!r} to device {device!r}: {exc}") from exc
+    if kind in ("smollm2", "gemma3"):
+        model.config.ridgefill_bundled = kind  # its default split: ridgefill.defaults.default_split
     return model.eval(), tok, name

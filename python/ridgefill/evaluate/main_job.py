@@ -59,7 +59,7 @@ class RunConfig:
     """Sizes of the main job (defaults finish in about 10 minutes on 2 CPU cores with SmolLM2)."""
 
     model: str | None = None
-    #: ``S``; ``None``: the default split (:func:`ridgefill.defaults.split_for`, 15 for SmolLM2)
+    #: ``S``; ``None``: the default split (:func:`ridgefill.defaults.default_split`, 12 for SmolLM2)
     split: int | None = None
     tail: int = defaults.TAIL
     calib_tokens: int = defaults.CALIBRATION_TOKENS
@@ -371,7 +371,7 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
     model, tok, model_name = load_model(cfg.model)
     L = model.config.num_hidden_layers
     if cfg.split is None:
-        cfg = replace(cfg, split=defaults.split_for(L))
+        cfg = replace(cfg, split=defaults.default_split(model))
     if not 0 <= cfg.split <= L - 2:
         raise InputError(f"--split {cfg.split} is out of range for a {L}-layer model: use 0..{L - 2}")
     max_pos = getattr(model.config, "max_position_embeddings", None)
