@@ -4,7 +4,8 @@
 # parallel 1 and, with two or more GPUs, 2; the plain fill and row selection; CUDA graphs on and off. Then the
 # hybrid family at a Qwen3-Next shape (make_shape_model.py --family qwen3_next: 48 layers, linear attention with
 # full attention every fourth layer, 32 experts; identity maps at S=23), the plain fill, prefix caching off (the
-# plugin serves neither row selection nor prefix caching for hybrids), the same lengths, TP 1 and 2.
+# plugin serves neither row selection nor prefix caching for hybrids), the same lengths, TP 1 (the plugin refuses
+# tensor parallelism for hybrids).
 # Usage: bash scripts/gpu_vllm.sh [OUT_DIR]  (random weights through load_format=dummy: no checkpoint download)
 # Environment: PYTHON: a Python with vLLM (CUDA build) and the plugin installed; without it the script
 #              installs both into .venv-vllm-cuda (needs the package registry), unless VLLM_INSTALL=0.
@@ -41,14 +42,11 @@ for eager in 1 0; do
     done
   done
 done
-# the hybrid family: Qwen3-Next shape, plain fill, prefix caching off
+# the hybrid family: Qwen3-Next shape, plain fill, prefix caching off, tensor parallel 1 (refused above 1)
 for eager in 1 0; do
-  for tp in 1 2; do
-    if [ "$tp" -gt "$gpus" ]; then echo "TP=$tp skipped: $gpus GPU(s)"; continue; fi
-    tag="qwen3-next-tp$tp-eager$eager-select-off"
-    $py scripts/vllm_ttft.py --model "$out/shape-qwen3-next/model" --maps "$out/shape-qwen3-next/maps-S23.safetensors" \
-      --lengths 8k,32k,64k,128000 --tail 256 --repeats 3 --select off \
-      --device-args "{\"dtype\": \"bfloat16\", \"tensor_parallel_size\": $tp, \"gpu_memory_utilization\": 0.4, \"skip_tokenizer_init\": true, \"load_format\": \"dummy\", \"enforce_eager\": $([ $eager = 1 ] && echo true || echo false)}" \
-      --json "$out/ttft-$tag.json" 2>&1 | grep -v -i "warn" | tee "$out/ttft-$tag.txt" | grep -E "^\||tokens|vLLM TTFT"
-  done
+  tag="qwen3-next-tp1-eager$eager-select-off"
+  $py scripts/vllm_ttft.py --model "$out/shape-qwen3-next/model" --maps "$out/shape-qwen3-next/maps-S23.safetensors" \
+    --lengths 8k,32k,64k,128000 --tail 256 --repeats 3 --select off \
+    --device-args "{\"dtype\": \"bfloat16\", \"tensor_parallel_size\": 1, \"gpu_memory_utilization\": 0.4, \"skip_tokenizer_init\": true, \"load_format\": \"dummy\", \"enforce_eager\": $([ $eager = 1 ] && echo true || echo false)}" \
+    --json "$out/ttft-$tag.json" 2>&1 | grep -v -i "warn" | tee "$out/ttft-$tag.txt" | grep -E "^\||tokens|vLLM TTFT"
 done

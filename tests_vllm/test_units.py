@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from ridgefill_vllm.errors import InputError, MapsFormatError, MapsMismatchError
 from ridgefill_vllm import ARCHITECTURES, check_architecture
-from ridgefill_vllm.adapters import FAMILIES, GEMMA3, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_NEXT
+from ridgefill_vllm.adapters import FAMILIES, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, QWEN3_NEXT
 from ridgefill_vllm.llama import DEFAULT_TAIL, FillModel, attach_fill, check_engine, fill_settings
 from ridgefill_vllm.maps import load_fill_maps
 from ridgefill_vllm.plan import make_plan, subset_metadata
@@ -222,8 +222,8 @@ def _engine(**changes):
     cfg = SimpleNamespace(
         scheduler_config=SimpleNamespace(enable_chunked_prefill=False),
         cache_config=SimpleNamespace(enable_prefix_caching=False),
-        parallel_config=SimpleNamespace(pipeline_parallel_size=1, decode_context_parallel_size=1,
-                                        prefill_context_parallel_size=1),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1,
+                                        decode_context_parallel_size=1, prefill_context_parallel_size=1),
         speculative_config=None, quant_config=None,
         model_config=SimpleNamespace(hf_config=SimpleNamespace()))
     for path, value in changes.items():
@@ -249,17 +249,23 @@ def test_engine_checks():
 
 def test_family_engine_checks():
     """What each family refuses at engine start, naming the setting to change; sliding-window layers are served
-    for Gemma 3 only."""
+    for Gemma 3 only, tensor parallelism for the dense families only."""
     windows = SimpleNamespace(layer_types=["sliding_attention", "full_attention"])
     hybrid = SimpleNamespace(layer_types=["linear_attention", "full_attention"])
     check_engine(_engine(model_config__hf_config=windows), GEMMA3)
     check_engine(_engine(), QWEN2)
     check_engine(_engine(model_config__hf_config=hybrid), QWEN3_NEXT)  # linear-attention layers: hybrid families only
+    for family in (LLAMA, QWEN2, QWEN3_MOE, GEMMA3):  # dense families keep tensor parallelism
+        check_engine(_engine(parallel_config__tensor_parallel_size=2,
+                             model_config__hf_config=windows if family is GEMMA3 else SimpleNamespace()), family)
     for family, change, words in [
             (GEMMA3, {"cache_config__enable_prefix_caching": True}, "enable_prefix_caching=False"),
             (QWEN3_NEXT, {"cache_config__enable_prefix_caching": True}, "hybrid models.*enable_prefix_caching=False"),
             (QWEN3_NEXT, {"model_config__hf_config": windows}, "sliding-window layers"),
             (QWEN3_NEXT, {"model_config__hf_config": SimpleNamespace(layer_scale=True)}, "layer_scale"),
+            (QWEN3_NEXT, {"parallel_config__tensor_parallel_size": 2},
+             r"tensor parallelism \(2 ranks\).*hybrid models.*tensor_parallel_size=1.*without the ridgefill maps"),
+            (QWEN3_NEXT, {"parallel_config__pipeline_parallel_size": 2}, "pipeline parallelism"),
             (QWEN2, {"model_config__hf_config": hybrid}, "sliding-window layers"),
             (QWEN2, {"model_config__hf_config": windows}, "sliding-window layers"),
             (QWEN3, {"model_config__hf_config": SimpleNamespace(is_causal=False)}, "causal attention"),

@@ -220,6 +220,12 @@ class Qwen3NextFamily(QKNormFamily):
             out.append("prefix caching is on, which the fill does not serve for hybrid models yet (vLLM caches their "
                        "recurrent states at block boundaries, mamba_cache_mode 'align'): pass "
                        "enable_prefix_caching=False (`--no-enable-prefix-caching`)")
+        tp = getattr(vllm_config.parallel_config, "tensor_parallel_size", 1)
+        if tp > 1:
+            out.append(f"tensor parallelism ({tp} ranks) is not tested with the fill for hybrid models yet (each "
+                       "rank would hold part of the linear-attention layers' heads and states): serve with "
+                       "tensor_parallel_size=1 (`--tensor-parallel-size 1`), or serve vLLM's own "
+                       "Qwen3NextForCausalLM without the ridgefill maps")
         if getattr(vllm_config.parallel_config, "use_sequence_parallel_moe", False):
             out.append("sequence-parallel MoE is on (the layers then split their rows across ranks): turn "
                        "use_sequence_parallel_moe off")
