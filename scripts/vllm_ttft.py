@@ -43,6 +43,15 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parents[1]
 
 
+def portable_argv(argv: list[str]) -> list[str]:
+    """``argv`` with every path argument reduced to its last two parts (``model/`` folder and file name), so a
+    result file names no folder of the machine it ran on."""
+    out = []
+    for a in argv:
+        out.append("/".join(Path(a).parts[-2:]) if os.sep in a and not a.lstrip().startswith("{") else a)
+    return out
+
+
 def parse_lengths(text: str) -> list[int]:
     out = []
     for part in text.split(","):
@@ -200,7 +209,7 @@ def main() -> None:
               f"{bound} | {share} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "split": split, "tail": args.tail, "engine": common,
-                                               "prompts": source, "argv": sys.argv[1:]}, indent=1))
+                                               "prompts": source, "argv": portable_argv(sys.argv[1:])}, indent=1))
 
 
 if __name__ == "__main__":
