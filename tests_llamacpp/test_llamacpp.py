@@ -65,7 +65,7 @@ def maps(smollm2, build, tmp_path_factory):
     from ridgefill.export_gguf import export_gguf
 
     model, tok = smollm2
-    m = calibrate(model, tok, tokens=4096, chunk=512, progress=False)
+    m = calibrate(model, tok, split=15, tokens=4096, chunk=512, progress=False)
     assert m.context == 1 and m.split == 15
     path = export_gguf(m, tmp_path_factory.mktemp("maps") / "maps.gguf",
                        model=build / "SmolLM2-135M-Instruct.Q4_1.gguf", tail=TAIL)
