@@ -27,6 +27,9 @@ NAME, ORACLE, GEN, TOP = "qwen3_next", "qwen3_next_oracle", 8, 10
 #: reference's exact prefill by up to 0.115 in these log-probabilities (measured; bfloat16 rounding of activations
 #: and recurrent states, amplified by the LM head), and the fill is held to the same bound plus a margin
 TOL_REF = 0.15
+#: the first decoding step against the reference's: its states carry the prompt and one more bfloat16 step (measured
+#: up to 0.157, prompt 2 in one step; the fill still moves the first token by more than 2 * TOL_REF, below)
+TOL_DECODE = 0.2
 #: the plugin against vLLM's own class where the fill is exact (identity maps of the oracle model) under the same
 #: scheduling: the same bfloat16 kernels on the same rows (measured: identical)
 TOL_SAME = 1e-5
@@ -88,8 +91,8 @@ def _max_diff(got: dict, want: dict) -> float:
 
 def test_fill_equals_reference(hybrid_reference, hybrid_runs):
     """Both RidgeFill engines (chunked and one step per prompt) give ``ridgefill.prefill``'s first token and its
-    first-token log-probabilities within 0.15, on both filled prompts, and so do the log-probabilities of the first
-    decoding step (the second token), which reads the linear-attention states after the whole prompt. Greedy tokens
+    first-token log-probabilities within 0.15, on both filled prompts, and the log-probabilities of the first
+    decoding step (the second token), which reads the linear-attention states after the whole prompt, within 0.2. Greedy tokens
     beyond the first are not compared: the reference's top-2 logit gaps along them (0.2-0.3) are within the
     bfloat16 noise, and vLLM's own class already departs from the reference's exact greedy tokens on one prompt; the
     oracle test below compares greedy tokens exactly."""
@@ -99,7 +102,7 @@ def test_fill_equals_reference(hybrid_reference, hybrid_runs):
             got, want = hybrid_runs[engine][i], ref[i]["fill"]
             assert _max_diff(got, want) < TOL_REF, (engine, i)
             assert got["greedy"][0] == want["greedy"][0], (engine, i)
-            assert _max_diff(got["decode"], want["decode"]) < TOL_REF, (engine, i)
+            assert _max_diff(got["decode"], want["decode"]) < TOL_DECODE, (engine, i)
 
 
 def test_vllm_own_class_equals_reference_exact_prefill(hybrid_reference, hybrid_runs):
