@@ -4,7 +4,9 @@ The reference values come from ``ridgefill`` itself, which needs the project's m
 (another ``transformers``): ``scripts/vllm_reference.py`` runs once per session under
 ``$RIDGEFILL_MAIN_PYTHON`` (default: ``.venv/bin/python`` of this checkout, which ``bash .ci/test``
 creates) and writes the model folder, small fitted maps and the reference prefill's logits and greedy
-tokens to a JSON file. Each vLLM engine runs in its own process (``tests_vllm/run_engine.py``).
+tokens to a JSON file. The vLLM engines run in processes of ``tests_vllm/run_engine.py``; the engines on the
+bundled model (``test_equality.py``, ``test_selection.py``) register their specs with :func:`bundled_engine`
+and run one after another in one process (the fixture ``bundled``: vLLM imported once).
 ``$RIDGEFILL_VLLM_TEST_DIR`` keeps those files between runs (default: a fresh temporary folder).
 """
 
@@ -12,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,17 +51,96 @@ def reference(work_dir) -> dict:
     return json.loads(out.read_text())
 
 
-def run_engine(work_dir: Path, name: str, spec: dict, fresh: bool = False) -> dict:
-    """Run ``tests_vllm/run_engine.py`` on ``spec`` in a fresh process (its output is cached under ``name``
-    and reused for the same spec unless ``fresh``)."""
+def _launch(work_dir: Path, name: str, spec: dict) -> dict:
+    """Run ``tests_vllm/run_engine.py`` on ``spec`` in a new process; its output is kept under ``name``."""
     out = work_dir / f"engine-{name}.json"
     spec_path = work_dir / f"engine-{name}.spec.json"
-    text = json.dumps(spec, sort_keys=True)
-    if fresh or not (out.exists() and spec_path.exists() and spec_path.read_text() == text):
-        spec_path.write_text(text)
-        out.unlink(missing_ok=True)
-        proc = subprocess.run([sys.executable, str(Path(__file__).with_name("run_engine.py")), str(spec_path), str(out)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"engine {name} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    spec_path.write_text(json.dumps(spec, sort_keys=True))
+    out.unlink(missing_ok=True)
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("run_engine.py")), str(spec_path), str(out)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"engine {name} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
     return json.loads(out.read_text())
+
+
+def _cached(work_dir: Path, name: str, spec: dict) -> dict | None:
+    """The kept output of engine ``name`` when it ran on this very ``spec``, else ``None``."""
+    out, spec_path = work_dir / f"engine-{name}.json", work_dir / f"engine-{name}.spec.json"
+    if out.exists() and spec_path.exists() and spec_path.read_text() == json.dumps(spec, sort_keys=True):
+        return json.loads(out.read_text())
+    return None
+
+
+def run_engine(work_dir: Path, name: str, spec: dict, fresh: bool = False) -> dict:
+    """Run ``tests_vllm/run_engine.py`` on ``spec`` in a fresh process (its output is cached under ``name``
+    and reused for the same spec unless ``fresh``). A spec ``{"runs": [...]}`` fails if any of its engines failed."""
+    out = None if fresh else _cached(work_dir, name, spec)
+    if out is None:
+        out = _launch(work_dir, name, spec)
+    failed = [f"run {i}: {r['error']}" for i, r in enumerate(out.get("runs", [])) if "error" in r]
+    if failed:
+        raise RuntimeError(f"engine {name} failed:\n" + "\n".join(failed))
+    return out
+
+
+#: The engines on the bundled model: name -> (spec builder ``(reference, work_dir) -> spec``, fresh), registered by
+#: the test modules with :func:`bundled_engine` when pytest collects them.
+BUNDLED: dict[str, tuple[Callable[[dict, Path], dict], bool]] = {}
+
+
+def bundled_engine(name: str, fresh: bool = True):
+    """Register the decorated spec builder ``(reference, work_dir) -> spec`` as the bundled-model engine ``name``
+    (its output: ``bundled[name]``). ``fresh``: run it on every pytest run (engines with a step log), else reuse
+    the kept output of the same spec (``$RIDGEFILL_VLLM_TEST_DIR``)."""
+    def register(build):
+        if name in BUNDLED:
+            raise ValueError(f"bundled engine {name!r} registered twice")
+        BUNDLED[name] = (build, fresh)
+        return build
+    return register
+
+
+class EngineOutputs(dict):
+    """Engine outputs by name; an engine that failed raises its error when its output is read."""
+
+    def __init__(self, outputs: dict, errors: dict):
+        super().__init__(outputs)
+        self.errors = errors
+
+    def __getitem__(self, name: str) -> dict:
+        if name in self.errors:
+            raise RuntimeError(f"engine {name} failed:\n{self.errors[name]}")
+        return super().__getitem__(name)
+
+
+@pytest.fixture(scope="session")
+def bundled(reference, work_dir) -> EngineOutputs:
+    """Every registered bundled-model engine (:data:`BUNDLED`) not kept from an earlier run, one after another in
+    one process (``run_engine.py``, ``runs``), each with its own settings; per engine its output, with ``steps``
+    (the lines of its step log) when its spec has ``step_log``."""
+    specs = {name: build(reference, work_dir) for name, (build, _) in BUNDLED.items()}
+    outputs = {}
+    for name, spec in specs.items():
+        kept = None if BUNDLED[name][1] else _cached(work_dir, name, spec)
+        if kept is not None:
+            outputs[name] = kept
+    todo = [name for name in specs if name not in outputs]
+    for name in todo:  # the plugin appends to a step log: each engine starts its own afresh
+        if specs[name].get("step_log"):
+            Path(specs[name]["step_log"]).unlink(missing_ok=True)
+    errors = {}
+    if todo:
+        runs = _launch(work_dir, "bundled", {"runs": [specs[name] for name in todo]})["runs"]
+        for name, out in zip(todo, runs, strict=True):
+            if "error" in out:
+                errors[name] = out["error"]
+                continue
+            outputs[name] = out
+            (work_dir / f"engine-{name}.spec.json").write_text(json.dumps(specs[name], sort_keys=True))
+            (work_dir / f"engine-{name}.json").write_text(json.dumps(out))
+    for name, out in outputs.items():
+        log = specs[name].get("step_log")
+        if log and name not in errors:
+            out["steps"] = [json.loads(line) for line in Path(log).read_text().splitlines()]
+    return EngineOutputs(outputs, errors)
