@@ -13,25 +13,22 @@ vLLM's automatic binding needs a NUMA node per rank).
 """
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import MAIN_PYTHON, REPO, run_engine
+from conftest import main_env_reference, run_engine
 
 ARCH = "RidgeFillLlamaForCausalLM"
 
 
+main_env_reference("tiny", "tiny-reference.json", lambda work_dir: [
+    "vllm_tiny_reference.py", "--out", str(work_dir / "tiny-reference.json"), "--dir", str(work_dir)])
+
+
 @pytest.fixture(scope="module")
-def tiny(work_dir) -> dict:
-    out = work_dir / "tiny-reference.json"
-    if not out.exists():
-        env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        subprocess.run([str(MAIN_PYTHON), str(REPO / "scripts" / "vllm_tiny_reference.py"), "--out", str(out),
-                        "--dir", str(work_dir)], check=True, env=env)
-    return json.loads(out.read_text())
+def tiny(references) -> dict:
+    return references.read("tiny")
 
 
 def _spec(tiny, work_dir, name, select, tp):
