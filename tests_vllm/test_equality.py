@@ -4,14 +4,13 @@ the plain fill (``"select": "off"``; row selection: ``test_selection.py``).
 Model: the bundled SmolLM2-135M-Instruct (float32 in both). Prompts: three evaluation-text prompts of
 700, 520 and 300 tokens, sent in one ``generate`` call; with ``max_num_batched_tokens = 1024`` vLLM
 prefills the first alone and then the other two in one step beside the first one's decoding steps,
-so the fill serves several prompts and decoding tokens in one batch.
+so the fill serves several prompts and decoding tokens in one batch. The engines are registered with
+``conftest.bundled_engine`` and run with those of ``test_selection.py`` one after another in one process.
 """
-
-import json
 
 import pytest
 
-from conftest import run_engine
+from conftest import bundled_engine
 
 GEN, TOP = 12, 20
 
@@ -21,46 +20,65 @@ def _spec(reference, architecture, ridgefill, **extra):
                  "prompts": [p["ids"] for p in reference["prompts"]], "gen_tokens": GEN, "top": TOP}, **extra)
 
 
-@pytest.fixture(scope="module")
-def vllm_own(reference, work_dir):
-    return run_engine(work_dir, "own", _spec(reference, "LlamaForCausalLM", None))
+def _fill(reference):
+    return {"maps": reference["maps"], "tail": reference["tail"], "select": "off"}
 
 
-@pytest.fixture(scope="module")
-def fill(reference, work_dir):
-    ridgefill = {"maps": reference["maps"], "tail": reference["tail"], "select": "off"}
-    log = work_dir / "fill-steps.jsonl"
-    log.unlink(missing_ok=True)
-    out = run_engine(work_dir, "fill", _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill,
-                                              try_prompt_logprobs=True, step_log=str(log)), fresh=True)
-    out["steps"] = [json.loads(line) for line in log.read_text().splitlines()]
-    return out
+@bundled_engine("own", fresh=False)
+def _own_engine(reference, work_dir):
+    return _spec(reference, "LlamaForCausalLM", None)
 
 
-@pytest.fixture(scope="module")
-def fill_chunked(reference, work_dir):
+@bundled_engine("fill")
+def _fill_engine(reference, work_dir):
+    return _spec(reference, "RidgeFillLlamaForCausalLM", _fill(reference), try_prompt_logprobs=True,
+                 step_log=str(work_dir / "fill-steps.jsonl"))
+
+
+@bundled_engine("fill-chunked")
+def _fill_chunked_engine(reference, work_dir):
     """The same engine with vLLM's chunked prefill on, 256 tokens per step: the 700-token prompt is prefilled
     in three chunks (the first of filled tokens only), the others beside its chunks and decoding tokens."""
-    ridgefill = {"maps": reference["maps"], "tail": reference["tail"], "select": "off"}
-    log = work_dir / "fill-chunked-steps.jsonl"
-    log.unlink(missing_ok=True)
-    out = run_engine(work_dir, "fill-chunked", _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill,
-                                                      step_log=str(log), engine={"enable_chunked_prefill": True,
-                                                                                 "max_num_batched_tokens": 256}),
-                     fresh=True)
-    out["steps"] = [json.loads(line) for line in log.read_text().splitlines()]
-    return out
+    return _spec(reference, "RidgeFillLlamaForCausalLM", _fill(reference),
+                 step_log=str(work_dir / "fill-chunked-steps.jsonl"),
+                 engine={"enable_chunked_prefill": True, "max_num_batched_tokens": 256})
+
+
+@bundled_engine("all-exact", fresh=False)
+def _all_exact_engine(reference, work_dir):
+    """Maps loaded but every prompt token exact (tail ≥ prompt)."""
+    longest = max(len(p["ids"]) for p in reference["prompts"])
+    return _spec(reference, "RidgeFillLlamaForCausalLM", {"maps": reference["maps"], "tail": longest})
+
+
+@bundled_engine("no-maps", fresh=False)
+def _no_maps_engine(reference, work_dir):
+    return _spec(reference, "RidgeFillLlamaForCausalLM", None)
+
+
+@pytest.fixture(scope="module")
+def vllm_own(bundled):
+    return bundled["own"]
+
+
+@pytest.fixture(scope="module")
+def fill(bundled):
+    return bundled["fill"]
+
+
+@pytest.fixture(scope="module")
+def fill_chunked(bundled):
+    return bundled["fill-chunked"]
 
 
 def _logprobs(p):
     return dict(zip(p["top_ids"], p["top_logprobs"]))
 
 
-def test_all_exact_equals_vllm_llama(reference, work_dir, vllm_own):
+def test_all_exact_equals_vllm_llama(bundled, vllm_own):
     """Maps loaded but every prompt token exact (tail ≥ prompt), and no maps at all: vLLM's own outputs."""
-    longest = max(len(p["ids"]) for p in reference["prompts"])
-    for name, ridgefill in [("all-exact", {"maps": reference["maps"], "tail": longest}), ("no-maps", None)]:
-        got = run_engine(work_dir, name, _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill))
+    for name in ("all-exact", "no-maps"):
+        got = bundled[name]
         for mine, own in zip(got["prompts"], vllm_own["prompts"]):
             assert mine["greedy"] == own["greedy"], name
             assert mine["top_ids"] == own["top_ids"], name
@@ -137,17 +155,23 @@ def _prefix_sequence(reference):
     return [a, a[:600] + b[1:201], a[:300], a]
 
 
-@pytest.fixture(scope="module")
-def prefix_runs(reference, work_dir):
-    ridgefill = {"maps": reference["maps"], "tail": reference["tail"], "select": "off"}
-    runs = {}
-    for caching in (True, False):
-        spec = _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill, sequential=True,
+def _prefix_engine(caching):
+    def build(reference, work_dir):
+        spec = _spec(reference, "RidgeFillLlamaForCausalLM", _fill(reference), sequential=True,
                      engine={"enable_prefix_caching": caching, "enable_chunked_prefill": True,
                              "max_num_batched_tokens": 256})
         spec["prompts"] = _prefix_sequence(reference)
-        runs[caching] = run_engine(work_dir, f"prefix-{'on' if caching else 'off'}", spec, fresh=True)
-    return runs
+        return spec
+    return build
+
+
+for _caching in (True, False):
+    bundled_engine(f"prefix-{'on' if _caching else 'off'}")(_prefix_engine(_caching))
+
+
+@pytest.fixture(scope="module")
+def prefix_runs(bundled):
+    return {caching: bundled[f"prefix-{'on' if caching else 'off'}"] for caching in (True, False)}
 
 
 def test_prefix_caching_reuses_blocks_of_the_same_fill_and_equals_caching_off(reference, prefix_runs):
@@ -174,23 +198,33 @@ def test_prefix_caching_reuses_blocks_of_the_same_fill_and_equals_caching_off(re
             assert got[t] == pytest.approx(want[t], abs=1e-4)
 
 
-@pytest.fixture(scope="module")
-def preemption_runs(reference, work_dir):
-    """Two prompts of 640 and 384 tokens (5 and 3 blocks of 128), row selection on (the default), chunked prefill
-    at 256 tokens, prefix caching off; with a KV pool of 8 usable blocks (9, one being vLLM's null block) the first prompt's first decoding
-    token finds no free block, and vLLM preempts the second request and recomputes it later."""
-    a, b = reference["prompts"][0]["ids"], reference["prompts"][1]["ids"]
-    ridgefill = {"maps": reference["maps"], "tail": reference["tail"], "select": "on"}
-    runs = {}
-    for name, extra in (("preempted", {"num_gpu_blocks_override": 9}), ("roomy", {})):
-        log = work_dir / f"preemption-{name}-steps.jsonl"
-        log.unlink(missing_ok=True)
-        spec = _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill, step_log=str(log),
+def _preemption_engine(name, extra):
+    def build(reference, work_dir):
+        a, b = reference["prompts"][0]["ids"], reference["prompts"][1]["ids"]
+        ridgefill = {"maps": reference["maps"], "tail": reference["tail"], "select": "on"}
+        spec = _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill,
+                     step_log=str(work_dir / f"preemption-{name}-steps.jsonl"),
                      engine={"enable_chunked_prefill": True, "max_num_batched_tokens": 256,
                              "enable_prefix_caching": False, **extra})
         spec["prompts"] = [a[:640], b[:384]]
-        runs[name] = run_engine(work_dir, f"preemption-{name}", spec, fresh=True)
-        runs[name]["steps"] = [s for s in map(json.loads, log.read_text().splitlines()) if "query_lens" in s]
+        return spec
+    return build
+
+
+PREEMPTION = (("preempted", {"num_gpu_blocks_override": 9}), ("roomy", {}))
+for _name, _extra in PREEMPTION:
+    bundled_engine(f"preemption-{_name}")(_preemption_engine(_name, _extra))
+
+
+@pytest.fixture(scope="module")
+def preemption_runs(bundled):
+    """Two prompts of 640 and 384 tokens (5 and 3 blocks of 128), row selection on (the default), chunked prefill
+    at 256 tokens, prefix caching off; with a KV pool of 8 usable blocks (9, one being vLLM's null block) the first prompt's first decoding
+    token finds no free block, and vLLM preempts the second request and recomputes it later."""
+    runs = {}
+    for name, _ in PREEMPTION:
+        out = bundled[f"preemption-{name}"]
+        runs[name] = dict(out, steps=[s for s in out["steps"] if "query_lens" in s])
     return runs
 
 

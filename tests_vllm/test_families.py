@@ -12,12 +12,10 @@ of its last chunk, over rows of the chunks before. All engines run one after ano
 """
 
 import json
-import os
-import subprocess
 
 import pytest
 
-from conftest import MAIN_PYTHON, REPO, run_engine
+from conftest import main_env_reference, run_engine
 
 FAMILIES = ["qwen2", "qwen3", "qwen3_moe", "mistral", "phi3", "gemma3_text"]
 #: the families whose row selection runs here (all); Gemma 3's needs vLLM's hybrid KV-cache manager off
@@ -34,15 +32,14 @@ TOL_REF, TOL_OWN = 5e-4, 5e-5
 WINDOWS = {"gemma3_text": [48, None]}
 
 
+main_env_reference("family_reference", "families.json", lambda work_dir: [
+    "vllm_family_reference.py", "--out", str(work_dir / "families.json"), "--dir", str(work_dir / "families"),
+    "--families", ",".join(FAMILIES), "--select", ",".join(SELECT), "--sum-heads", ",".join(SUM_HEADS)])
+
+
 @pytest.fixture(scope="module")
-def family_reference(work_dir) -> dict:
-    out = work_dir / "families.json"
-    if not out.exists():
-        env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        subprocess.run([str(MAIN_PYTHON), str(REPO / "scripts" / "vllm_family_reference.py"), "--out", str(out),
-                        "--dir", str(work_dir / "families"), "--families", ",".join(FAMILIES),
-                        "--select", ",".join(SELECT), "--sum-heads", ",".join(SUM_HEADS)], check=True, env=env)
-    return json.loads(out.read_text())
+def family_reference(references) -> dict:
+    return references.read("family_reference")
 
 
 @pytest.fixture(scope="module")

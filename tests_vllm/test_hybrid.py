@@ -15,12 +15,10 @@ tokens), and the RidgeFill class with each prompt in one step.
 """
 
 import json
-import os
-import subprocess
 
 import pytest
 
-from conftest import MAIN_PYTHON, REPO, run_engine
+from conftest import main_env_reference, run_engine
 
 NAME, ORACLE, GEN, TOP = "qwen3_next", "qwen3_next_oracle", 8, 10
 #: bfloat16 serving against the float32 reference: vLLM's own class (the exact model, no fill) differs from the
@@ -36,14 +34,14 @@ TOL_SAME = 1e-5
 CHUNKED = {"enable_chunked_prefill": True, "max_num_batched_tokens": 128, "max_num_seqs": 8}
 
 
+main_env_reference("hybrid_reference", "hybrid.json", lambda work_dir: [
+    "vllm_family_reference.py", "--out", str(work_dir / "hybrid.json"), "--dir", str(work_dir / "hybrid"),
+    "--families", f"{NAME},{ORACLE}"])
+
+
 @pytest.fixture(scope="module")
-def hybrid_reference(work_dir) -> dict:
-    out = work_dir / "hybrid.json"
-    if not out.exists():
-        env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        subprocess.run([str(MAIN_PYTHON), str(REPO / "scripts" / "vllm_family_reference.py"), "--out", str(out),
-                        "--dir", str(work_dir / "hybrid"), "--families", f"{NAME},{ORACLE}"], check=True, env=env)
-    return json.loads(out.read_text())
+def hybrid_reference(references) -> dict:
+    return references.read("hybrid_reference")
 
 
 @pytest.fixture(scope="module")

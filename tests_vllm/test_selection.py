@@ -3,14 +3,14 @@ with ``select="on"``: the same chosen rows, the same first-token log-probabiliti
 and without chunked prefill; filled-region needles through ``LLM.generate`` beside the plain fill and the
 exact model; prefix caching with selection on.
 
-Model: the bundled SmolLM2-135M-Instruct (float32), maps at S = 15 (``scripts/vllm_reference.py``).
+Model: the bundled SmolLM2-135M-Instruct (float32), maps at S = 15 (``scripts/vllm_reference.py``). The engines
+are registered with ``conftest.bundled_engine`` and run with those of ``test_equality.py`` one after another in one
+process.
 """
-
-import json
 
 import pytest
 
-from conftest import run_engine
+from conftest import bundled_engine
 
 GEN, TOP = 12, 20
 
@@ -25,29 +25,33 @@ def _selected(steps) -> list[list[int]]:
     return [rows for s in steps if "selected" in s for rows in s["selected"].values()]
 
 
-def _run(reference, work_dir, name, engine, prompts=None, ridgefill=None, **extra):
-    ridgefill = ridgefill or {"maps": reference["maps"], "tail": reference["tail"]}  # select: the default, on
-    log = work_dir / f"{name}-steps.jsonl"
-    log.unlink(missing_ok=True)
-    prompts = [p["ids"] for p in reference["prompts"]] if prompts is None else prompts
-    out = run_engine(work_dir, name, _spec(reference, ridgefill, prompts, step_log=str(log), engine=engine, **extra),
-                     fresh=True)
-    out["steps"] = [json.loads(line) for line in log.read_text().splitlines()]
-    return out
+def _engine(name, engine, prompts=None, **extra):
+    """Register the bundled-model engine ``name``: selection on (the default), the reference's maps and tail,
+    ``engine`` settings, ``prompts`` (a function of the reference; default: its three prompts), a step log."""
+    @bundled_engine(name)
+    def build(reference, work_dir):
+        ridgefill = {"maps": reference["maps"], "tail": reference["tail"]}  # select: the default, on
+        ids = [p["ids"] for p in reference["prompts"]] if prompts is None else prompts(reference)
+        return _spec(reference, ridgefill, ids, step_log=str(work_dir / f"{name}-steps.jsonl"), engine=engine, **extra)
+    return build
+
+
+#: Selection on, chunked prefill off: each prompt in one step (the 700-token one alone, then the other two
+#: together beside its decoding).
+_engine("select", {})
+#: Selection on, chunked prefill at 256 tokens per step: the 700-token prompt selects in its third chunk, over rows
+#: of the two before; the others are chunked beside it and beside decoding tokens.
+_engine("select-chunked", {"enable_chunked_prefill": True, "max_num_batched_tokens": 256})
 
 
 @pytest.fixture(scope="module")
-def select_whole(reference, work_dir):
-    """Selection on, chunked prefill off: each prompt in one step (the 700-token one alone, then the other
-    two together beside its decoding)."""
-    return _run(reference, work_dir, "select", {})
+def select_whole(bundled):
+    return bundled["select"]
 
 
 @pytest.fixture(scope="module")
-def select_chunked(reference, work_dir):
-    """Selection on, chunked prefill at 256 tokens per step: the 700-token prompt selects in its third chunk,
-    over rows of the two before; the others are chunked beside it and beside decoding tokens."""
-    return _run(reference, work_dir, "select-chunked", {"enable_chunked_prefill": True, "max_num_batched_tokens": 256})
+def select_chunked(bundled):
+    return bundled["select-chunked"]
 
 
 def _assert_equals_reference(out, refs, tol=5e-4):
@@ -84,23 +88,33 @@ def test_selection_with_chunked_prefill_equals_one_step_per_prompt(reference, se
             assert x == pytest.approx(y, abs=1e-4)
 
 
+NEEDLE_ENGINES = {"exact": ("LlamaForCausalLM", None),
+                  "plain fill": ("RidgeFillLlamaForCausalLM", {"select": "off"}),
+                  "fill, selection on": ("RidgeFillLlamaForCausalLM", {})}
+
+
+def _needle_engine(name):
+    arch, fill = NEEDLE_ENGINES[name]
+
+    @bundled_engine("needles-" + name.replace(" ", "-").replace(",", ""))
+    def build(reference, work_dir):
+        engine = {"max_model_len": 2304, "enable_chunked_prefill": True, "max_num_batched_tokens": 1024}
+        ridgefill = None if fill is None else {"maps": reference["maps"], "tail": reference["needle_tail"], **fill}
+        ids = [n["ids"] for n in reference["needles"]]
+        return dict(_spec(reference, ridgefill, [], engine=engine, needles=ids), architecture=arch)
+    return build
+
+
+for _name in NEEDLE_ENGINES:
+    _needle_engine(_name)
+
+
 @pytest.fixture(scope="module")
-def needles(reference, work_dir):
+def needles(bundled):
     """The reference's 8 single-needle prompts of 2,048 tokens (needle in the filled rows, question in the
     tail of 256), answered greedily by vLLM's own Llama, the plain fill and the fill with selection (S = 15,
     chunked prefill on at 1,024 tokens per step)."""
-    engine = {"max_model_len": 2304, "enable_chunked_prefill": True, "max_num_batched_tokens": 1024}
-    ids = [n["ids"] for n in reference["needles"]]
-    runs = {}
-    for name, arch, ridgefill in (
-            ("exact", "LlamaForCausalLM", None),
-            ("plain fill", "RidgeFillLlamaForCausalLM", {"maps": reference["maps"], "tail": reference["needle_tail"],
-                                                         "select": "off"}),
-            ("fill, selection on", "RidgeFillLlamaForCausalLM", {"maps": reference["maps"],
-                                                                 "tail": reference["needle_tail"]})):
-        spec = dict(_spec(reference, ridgefill, [], engine=engine, needles=ids), architecture=arch)
-        runs[name] = run_engine(work_dir, "needles-" + name.replace(" ", "-").replace(",", ""), spec, fresh=True)
-    return runs
+    return {name: bundled["needles-" + name.replace(" ", "-").replace(",", "")] for name in NEEDLE_ENGINES}
 
 
 def test_needles_through_vllm_with_selection_keep_exact_score(reference, needles):
@@ -114,11 +128,13 @@ def test_needles_through_vllm_with_selection_keep_exact_score(reference, needles
     assert scores["plain fill"] < scores["fill, selection on"]
 
 
+_engine("prefix-select", {"enable_prefix_caching": True, "enable_chunked_prefill": True, "max_num_batched_tokens": 256},
+        prompts=lambda reference: [p["ids"] for p in reference["prefix_sequence"]], sequential=True)
+
+
 @pytest.fixture(scope="module")
-def prefix_select(reference, work_dir):
-    seq = [p["ids"] for p in reference["prefix_sequence"]]
-    return _run(reference, work_dir, "prefix-select", {"enable_prefix_caching": True, "enable_chunked_prefill": True,
-                                                        "max_num_batched_tokens": 256}, prompts=seq, sequential=True)
+def prefix_select(bundled):
+    return bundled["prefix-select"]
 
 
 def test_prefix_caching_with_selection_shares_no_filled_block_and_equals_the_reference(reference, prefix_select):

@@ -7,56 +7,68 @@ across 2 ranks), its context maps at S = 2 of 6 layers and the reference values,
 in one ``generate`` call, 512 tokens per step: the first two are prefilled in one step, the third beside
 their decoding tokens. Three engines: the plain fill (``select`` ``off``) at 1 and 2 ranks, and row
 selection (``on``) at 2 ranks, which the reference's selection (equal to 1 rank's in ``test_selection.py``)
-checks. The ranks' threads are not bound (``VLLM_CPU_OMP_THREADS_BIND=nobind``: vLLM's automatic binding
-needs a NUMA node per rank).
+checks. The three engines run one after another in one process (``run_engine.py``, ``runs``; each engine at
+2 ranks starts its own two rank processes). The ranks' threads are not bound (``VLLM_CPU_OMP_THREADS_BIND=nobind``:
+vLLM's automatic binding needs a NUMA node per rank).
 """
 
 import json
-import os
-import subprocess
+from pathlib import Path
 
 import pytest
 
-from conftest import MAIN_PYTHON, REPO, run_engine
+from conftest import main_env_reference, run_engine
 
 ARCH = "RidgeFillLlamaForCausalLM"
 
 
+main_env_reference("tiny", "tiny-reference.json", lambda work_dir: [
+    "vllm_tiny_reference.py", "--out", str(work_dir / "tiny-reference.json"), "--dir", str(work_dir)])
+
+
 @pytest.fixture(scope="module")
-def tiny(work_dir) -> dict:
-    out = work_dir / "tiny-reference.json"
-    if not out.exists():
-        env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        subprocess.run([str(MAIN_PYTHON), str(REPO / "scripts" / "vllm_tiny_reference.py"), "--out", str(out),
-                        "--dir", str(work_dir)], check=True, env=env)
-    return json.loads(out.read_text())
+def tiny(references) -> dict:
+    return references.read("tiny")
 
 
-def _engine(tiny, work_dir, name, select, tp):
+def _spec(tiny, work_dir, name, select, tp):
     log = work_dir / f"{name}-steps.jsonl"
     log.unlink(missing_ok=True)
     engine = {"max_model_len": 512, "max_num_batched_tokens": 512, "tensor_parallel_size": tp}
-    spec = {"model_dir": tiny["model_dir"], "architecture": ARCH, "prompts": [p["ids"] for p in tiny["prompts"]],
+    return {"model_dir": tiny["model_dir"], "architecture": ARCH, "prompts": [p["ids"] for p in tiny["prompts"]],
             "ridgefill": {"maps": tiny["maps"], "tail": tiny["tail"], "select": select}, "gen_tokens": 8, "top": 20,
             "engine": engine, "step_log": str(log), "env": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}}
-    out = run_engine(work_dir, name, spec, fresh=True)
-    out["steps"] = [json.loads(line) for line in log.read_text().splitlines()]
-    return out
+
+
+ENGINES = (("tp1-fill", "off", 1), ("tp2-fill", "off", 2), ("tp2-select", "on", 2))
 
 
 @pytest.fixture(scope="module")
-def fill_tp1(tiny, work_dir):
-    return _engine(tiny, work_dir, "tp1-fill", "off", 1)
+def tp_runs(tiny, work_dir) -> dict:
+    """The three engines one after another in one process (``run_engine.py``, ``runs``; vLLM imported once): each
+    engine at 2 ranks still starts its two rank processes, which inherit its step log."""
+    specs = [_spec(tiny, work_dir, name, select, tp) for name, select, tp in ENGINES]
+    outs = run_engine(work_dir, "tensor-parallel", {"runs": specs}, fresh=True)["runs"]
+    runs = {}
+    for (name, _, _), spec, out in zip(ENGINES, specs, outs):
+        out["steps"] = [json.loads(line) for line in Path(spec["step_log"]).read_text().splitlines()]
+        runs[name] = out
+    return runs
 
 
 @pytest.fixture(scope="module")
-def fill_tp2(tiny, work_dir):
-    return _engine(tiny, work_dir, "tp2-fill", "off", 2)
+def fill_tp1(tp_runs):
+    return tp_runs["tp1-fill"]
 
 
 @pytest.fixture(scope="module")
-def select_tp2(tiny, work_dir):
-    return _engine(tiny, work_dir, "tp2-select", "on", 2)
+def fill_tp2(tp_runs):
+    return tp_runs["tp2-fill"]
+
+
+@pytest.fixture(scope="module")
+def select_tp2(tp_runs):
+    return tp_runs["tp2-select"]
 
 
 def _logprobs(p):
