@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .. import defaults
 from ..errors import InputError, RidgeFillError
-from .args import SETTING_HELP, add_context, add_model, add_threads, parse_lam, parse_lengths, parse_setting
+from .args import SETTING_HELP, SPLIT_DEFAULT_HELP, add_context, add_model, add_threads, parse_lam, parse_lengths, parse_setting
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", nargs="+", action="extend", default=None, metavar="FILE",
                    help="UTF-8 text files to evaluate on instead of the bundled held-out novels (at least 2,049 "
                         "tokens; up to 4 documents of 2,048 tokens are taken, as many as fit)")
-    p.add_argument("--split", type=int, default=None, help="split S (default: 12 for SmolLM2, chosen by `ridgefill tune`; else half the layers)")
+    p.add_argument("--split", type=int, default=None, help=f"split S ({SPLIT_DEFAULT_HELP})")
     p.add_argument("--tail", type=int, default=defaults.TAIL, help=f"exact rows at the end (default {defaults.TAIL})")
     p.add_argument("--select", type=parse_setting, default=defaults.SELECT, metavar="SETTING",
                    help=SETTING_HELP + "; the ridge+sel row")
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model(p)
     p.add_argument("--text", nargs="+", action="extend", default=None, metavar="FILE",
                    help="UTF-8 text files to calibrate on (default: the shipped calibration mix)")
-    p.add_argument("--split", type=int, default=None, help="split S (default: 12 for SmolLM2, chosen by `ridgefill tune`; else half the layers)")
+    p.add_argument("--split", type=int, default=None, help=f"split S ({SPLIT_DEFAULT_HELP})")
     p.add_argument("--tokens", type=int, default=defaults.CALIBRATION_TOKENS,
                    help=f"calibration tokens (default {defaults.CALIBRATION_TOKENS}; 0: all of the text)")
     p.add_argument("--lam", type=parse_lam, default=defaults.LAMBDA,
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "'smollm2-random', 'tiny-random'), or a model as for `run`")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
     p.add_argument("--lengths", type=parse_lengths, default=None, help="prompt lengths, e.g. 1k,2k,4k,8k")
-    p.add_argument("--split", type=int, default=None, help="split S (default: 12 for SmolLM2, chosen by `ridgefill tune`; else half the layers)")
+    p.add_argument("--split", type=int, default=None, help=f"split S ({SPLIT_DEFAULT_HELP})")
     p.add_argument("--tail", type=int, default=None, help="exact rows (default 256 on CPU, 2048 on CUDA)")
     p.add_argument("--select", type=parse_setting, default=defaults.SELECT, metavar="SETTING",
                    help="also time the fill with " + SETTING_HELP)

@@ -59,6 +59,10 @@ def parse_lengths(value: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+#: The default split, as the help of ``--split`` and ``--splits`` says it (from :data:`defaults.TUNED_SPLITS`).
+SPLIT_DEFAULT_HELP = ("default: " + ", ".join(f"{v} for {k}" for k, v in defaults.TUNED_SPLITS.items())
+                      + ", chosen by `ridgefill tune`; else half the layers")
+
 SETTING_HELP = ("row selection: 'on' (default; query-aware: rows the question points at, up to 5%% of the prompt; "
                 "the question must be in the tail), 'prompt' (query-agnostic: rows the maps extrapolate on, for a "
                 "document whose question comes later), 'off' (the plain fill); optionally ',budget=F', e.g. "

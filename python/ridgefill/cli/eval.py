@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import defaults
 from ..errors import InputError
-from .args import SPEC_HELP, add_calib_set, add_context, parse_lam, parse_spec
+from .args import SPEC_HELP, SPLIT_DEFAULT_HELP, add_calib_set, add_context, parse_lam, parse_spec
 
 
 def _ints(text: str) -> list[int]:
@@ -124,7 +124,7 @@ def add_subcommand(subparsers) -> None:
                    help="exact,ridge,centred,identity,none (default exact,ridge,identity,none); '' with --select: "
                    "only the selection systems (the cases, seeds and depths are the same in every run, so a new "
                    "selection can be set beside an earlier run's exact answers)")
-    p.add_argument("--splits", type=_ints, default=None, help="fill splits (default: the model's default split, 12 for SmolLM2, else half the layers)")
+    p.add_argument("--splits", type=_ints, default=None, help=f"fill splits ({SPLIT_DEFAULT_HELP})")
     p.add_argument("--splices", type=_words, default=[], help="also answer with the ridge fill with these "
                    "splice components, e.g. k,v,k_scale (needs mode exact; default none)")
     p.add_argument("--key-scale-tokens", type=int, default=0, help="also answer with ridge plus a key-scale "
@@ -136,14 +136,14 @@ def add_subcommand(subparsers) -> None:
     _common(p, "loss.json")
     _loss_args(p, 2, 2)
     p.add_argument("--modes", type=_words, default=["ridge", "identity", "none"])
-    p.add_argument("--splits", type=_ints, default=None, help="fill splits (default: the model's default split, 12 for SmolLM2, else half the layers)")
+    p.add_argument("--splits", type=_ints, default=None, help=f"fill splits ({SPLIT_DEFAULT_HELP})")
     _select_args(p)
     p.set_defaults(func=_cmd_loss)
 
     p = sub.add_parser("splice", help="fill with exact K, V, key scale or recurrent state spliced into the late layers")
     _common(p, "splice.json")
     _loss_args(p, 2, 2)
-    p.add_argument("--splits", type=_ints, default=None, help="fill splits (default: the model's default split, 12 for SmolLM2, else half the layers)")
+    p.add_argument("--splits", type=_ints, default=None, help=f"fill splits ({SPLIT_DEFAULT_HELP})")
     p.add_argument("--mode", default="ridge", choices=["ridge", "identity"])
     p.add_argument("--components", type=_words, default=None, help="splice components (default: all that apply: "
                    "fill,k,v,kv,k_scale,k_direction; fill,state on models with recurrent-state layers)")
