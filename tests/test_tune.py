@@ -129,6 +129,41 @@ def test_multi_split_statistics_equal_separate_calibrate_passes():
         assert torch.equal(dict(seen)[split], a.weights)
 
 
+def test_interrupted_multi_split_pass_resumes_bit_identical(tmp_path, monkeypatch):
+    """``tune``'s pass (:func:`calibrate_many` with a checkpoint) resumes after an interruption to the same
+    statistics and maps as an uninterrupted pass, and a finished checkpoint needs no forward pass."""
+    from evaluate_helpers import ByteTokenizer, byte_llama
+    from ridgefill.calibration import calibrate_many
+
+    model, tok, texts = byte_llama(seed=3), ByteTokenizer(), _texts()
+    kw = dict(splits=[3, 1], tokens=2048, chunk=256, context=1, progress=False)  # 8 chunks
+    reference = calibrate_many(model, tok, texts, **kw)
+    ckpt = tmp_path / "tune.checkpoint.safetensors"
+    real, calls = RidgeStats.update, {"n": 0}
+
+    def failing(self, h, xs):  # two splits: two updates per fit chunk; stop inside the fifth chunk
+        calls["n"] += 1
+        if calls["n"] > 9:
+            raise KeyboardInterrupt("injected interruption")
+        real(self, h, xs)
+
+    monkeypatch.setattr(RidgeStats, "update", failing)
+    with pytest.raises(KeyboardInterrupt):
+        calibrate_many(model, tok, texts, checkpoint=ckpt, checkpoint_every=2, **kw)
+    monkeypatch.setattr(RidgeStats, "update", real)
+    assert ckpt.exists()
+    resumed = calibrate_many(model, tok, texts, checkpoint=ckpt, checkpoint_every=2, **kw)
+    monkeypatch.setattr(RidgeStats, "update", lambda *a: pytest.fail("no chunk should be recomputed"))
+    again = calibrate_many(model, tok, texts, checkpoint=ckpt, checkpoint_every=2, **kw)
+    for split in (1, 3):
+        for got in (resumed[split], again[split]):
+            a = reference[split]
+            assert got.lambdas == a.lambdas
+            assert torch.equal(got.weights, a.weights) and torch.equal(got.biases, a.biases)
+            for k in ("sum_h", "gram", "sum_x", "cross", "sq_x"):
+                assert torch.equal(getattr(got.stats, k), getattr(a.stats, k)), k
+
+
 # ---- candidates, memory, choice -------------------------------------------------------------------------
 
 def test_default_splits_every_other_layer_from_a_quarter_to_three_quarters():
