@@ -134,7 +134,7 @@ def test_calibration_bad_input(model):
     tok = CharTokenizer()
     with pytest.raises(InputError, match="empty"):
         calibration_chunks(tok, [], 100, 64)
-    with pytest.raises(InputError, match="fewer than chunk"):
+    with pytest.raises(InputError, match="one calibration chunk: give a longer text"):
         calibration_chunks(tok, ["short"], 100, 64)
     with pytest.raises(InputError, match=r"ask for fewer tokens \(`ridgefill calibrate --tokens`, `ridgefill eval "
                                          r"--calib-tokens`\) or add text"):

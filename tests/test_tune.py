@@ -327,3 +327,81 @@ def test_tune_refuses_evaluation_text_from_the_calibration_text_before_the_model
     assert code == 2
     err = capsys.readouterr().err
     assert "calibration text files" in err and "document 1" in err
+    assert "calibrate on text without it (--calib-text)" in err and "--maps NEW" not in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--maps", "{tmp}"], "is a folder: give the file's path"),
+    (["--out", "{tmp}/model/config.json/out"], "cannot be created"),
+    (["--maps", "{tmp}/model/config.json/maps.safetensors"], "cannot be created"),
+    (["--splits", "2,2"], "repeat a split"),
+    (["--lam", "-1"], "--lam -1.0 must be 'auto' or a finite number ≥ 0"),
+    (["--calib-tokens", "1024"], "--calib-tokens 1024 must be at least 2048"),
+    (["--max-memory", "inf"], "must be a finite positive number of GiB"),
+    (["--max-memory", "1e-12"], "must be a finite positive number of GiB"),
+    (["--threads", "0"], "must be at least 1"),
+    (["--doc-tokens", "64", "--tail", "10"], "--doc-tokens 64 must be longer than the needle prompts' exact tail"),
+])
+def test_tune_refuses_bad_settings_before_the_model_loads(tmp_path, monkeypatch, capsys, args, message):
+    from evaluate_helpers import save_byte_model
+    from ridgefill.cli import main
+    from ridgefill.data import models
+
+    save_byte_model(tmp_path / "model", seed=5)
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    code = main(["tune", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "out")]
+                + [a.format(tmp=tmp_path) for a in args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_tune_without_a_choice_writes_the_report_and_removes_an_earlier_maps_file(tmp_path, capsys):
+    import json
+
+    from evaluate_helpers import save_byte_model
+    from ridgefill.cli import main
+    from ridgefill.data.texts import EVALUATION_BOOKS, load_texts
+
+    save_byte_model(tmp_path / "model", seed=5)
+    books = load_texts()
+    (tmp_path / "eval.txt").write_text(books[EVALUATION_BOOKS[0]][:20000])
+    (tmp_path / "calib.txt").write_text(next(v for k, v in books.items() if k not in EVALUATION_BOOKS)[:12000])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "maps.safetensors").write_bytes(b"an earlier run's choice")
+    (out / "maps.stats.safetensors").write_bytes(b"its statistics")
+    code = main(["tune", "--model", str(tmp_path / "model"), "--splits", "3", "--text", str(tmp_path / "eval.txt"),
+                 "--calib-text", str(tmp_path / "calib.txt"), "--calib-tokens", "4096", "--docs", "1",
+                 "--doc-tokens", "1024", "--tail", "32", "--needle-trials", "0", "--repeats", "1",
+                 "--max-key-dnll", "0", "--out", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "no candidate split in [3] meets the budget (key-token ΔNLL ≤ 0.0)" in err
+    assert "was removed" in err and "loosen --max-key-dnll" in err and "--min-needles" not in err
+    report = json.loads((out / "tune.json").read_text())
+    assert report["chosen_split"] is None and report["maps_path"] is None
+    assert not (out / "maps.safetensors").exists() and not (out / "maps.stats.safetensors").exists()
+    assert (out / "maps-S3.safetensors").exists() and (out / "tune.md").exists()
+
+
+def test_tune_interrupted_says_how_to_resume(tmp_path, monkeypatch, capsys):
+    from ridgefill.cli import main
+    from ridgefill.evaluate import tune as tune_module
+
+    def interrupted(cfg, progress=True):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tune_module, "tune", interrupted)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:  # exit status 130, as for SIGINT
+        main(["tune", "--out", str(out)])
+    assert e.value.code == 130
+    assert "no pass checkpoint exists" in capsys.readouterr().err
+    out.mkdir()
+    (out / "tune.checkpoint.safetensors").write_bytes(b"statistics")
+    with pytest.raises(SystemExit) as e:
+        main(["tune", "--out", str(out)])
+    assert e.value.code == 130
+    err = capsys.readouterr().err
+    assert "tune.checkpoint.safetensors" in err and "run the same command again to resume" in err

@@ -88,7 +88,7 @@ def calibration_plan(tokenizer, texts: Sequence[str] | Mapping[str, str], tokens
                         "characters": len(t), "text_tokens": int(ids.numel())})
     available = sum(len(c) for c in per_text) * chunk
     if available == 0:
-        raise InputError(f"the calibration text has fewer than chunk={chunk} tokens; add text or lower chunk")
+        raise InputError(f"the calibration text has fewer than {chunk} tokens, one calibration chunk: give a longer text")
     want = available // chunk if tokens is None else -(-tokens // chunk)
     if tokens is not None and (tokens <= 0 or want * chunk > available):
         raise InputError(f"asked for {tokens} calibration tokens ({want} chunks of {chunk}), but the text "

@@ -80,8 +80,18 @@ def add_model(p: argparse.ArgumentParser) -> None:
                         "model directory or a .gguf file (a GGUF is converted once and cached)")
 
 
+def _threads_arg(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of threads; got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} must be at least 1 (or leave --threads out for torch's choice)")
+    return n
+
+
 def add_threads(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=_threads_arg, default=None, help="torch CPU threads (default: torch's choice)")
 
 
 def add_context(p: argparse.ArgumentParser, default: int = defaults.CONTEXT) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
+import sys
+from pathlib import Path
 
 from .. import defaults
 from ..errors import InputError
@@ -57,8 +60,9 @@ def add_subcommand(sub) -> None:
 
 
 def _cmd_tune(a) -> None:
-    if a.max_memory is not None and not a.max_memory > 0:
-        raise InputError(f"--max-memory {a.max_memory} must be a positive number of GiB")
+    if a.max_memory is not None and not (math.isfinite(a.max_memory) and a.max_memory * 2**30 >= 1):
+        raise InputError(f"--max-memory {a.max_memory} must be a finite positive number of GiB (at least one byte)")
+    from ..checkpoint import checkpoint_path
     from ..evaluate.tune import Budget, TuneConfig, format_table, tune  # heavy
 
     cfg = TuneConfig(model=a.model, splits=a.splits, texts=tuple(a.text or ()), calib_texts=tuple(a.calib_text or ()),
@@ -66,6 +70,14 @@ def _cmd_tune(a) -> None:
                      tail=a.tail, needle_trials=a.needle_trials, multikey=not a.no_multikey, repeats=a.repeats,
                      budget=Budget(a.min_needles, a.max_key_dnll), out=a.out, maps=a.maps,
                      max_memory=None if a.max_memory is None else int(a.max_memory * 2**30), threads=a.threads)
-    report = tune(cfg)
+    try:
+        report = tune(cfg)
+    except KeyboardInterrupt:
+        ckpt = checkpoint_path(Path(a.out) / "tune.safetensors")
+        where = (f"the pass's statistics so far are in {str(ckpt)!r}: run the same command again to resume"
+                 if ckpt.exists() else "no pass checkpoint exists (one is saved every 16 calibration chunks and "
+                 "removed once the maps are fitted; fitted maps are in --out as maps-S<S>.safetensors)")
+        print(f"\ninterrupted; {where}", file=sys.stderr)
+        raise SystemExit(130) from None
     print(format_table(report))
     print(f"chosen split: S={report['chosen_split']}; maps: {report['maps_path']}; report: {a.out}/tune.md")

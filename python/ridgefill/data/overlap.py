@@ -111,8 +111,12 @@ def text_fingerprint(tokenizer, text: str, *, window: int = WINDOW, sample: int 
     return fingerprint([ids], window=window, sample=sample)
 
 
+REMEDY = ("evaluate on other text (--text), or fit maps on text without it (`ridgefill calibrate --text ... "
+          "--out NEW.safetensors`, then --maps NEW)")
+
+
 def check_disjoint(docs: Sequence, fp: Fingerprint | None, *, names: Sequence[str], calibration: str,
-                   prefix_tokens: int = 0) -> None:
+                   prefix_tokens: int = 0, remedy: str = REMEDY) -> None:
     """Refuse evaluation documents that share a fingerprinted window with the calibration text.
 
     Args:
@@ -120,6 +124,7 @@ def check_disjoint(docs: Sequence, fp: Fingerprint | None, *, names: Sequence[st
             tokens are skipped); names: a label for each (file and position) used in the message.
         fp: the calibration fingerprint (``None``: nothing to check).
         calibration: what the maps were calibrated on, for the message.
+        remedy: what to do, the message's last clause.
 
     Raises:
         OverlapError: a document shares windows with the calibration text; the message names the
@@ -136,8 +141,7 @@ def check_disjoint(docs: Sequence, fp: Fingerprint | None, *, names: Sequence[st
             raise OverlapError(
                 f"evaluation {name} overlaps the calibration text ({calibration}): {int(hit.sum())} of its "
                 f"{fp.window}-token windows were seen in calibration, the first at token {first}. Evaluating "
-                "there measures text the maps were fitted on; evaluate on other text (--text), or fit maps on "
-                "text without it (`ridgefill calibrate --text ... --out NEW.safetensors`, then --maps NEW)")
+                "there measures text the maps were fitted on; " + remedy)
 
 
 def calibration_label(meta: dict) -> str:

@@ -159,7 +159,8 @@ def available_memory() -> int | None:
         return None
 
 
-def check_memory(num_layers: int, hidden: int, splits: Sequence[int], context: int, limit: int | None) -> int:
+def check_memory(num_layers: int, hidden: int, splits: Sequence[int], context: int, limit: int | None,
+                 limit_name: str = "available") -> int:
     """The pass's memory (:func:`pass_memory`), refused when over ``limit`` bytes.
 
     Returns:
@@ -181,8 +182,9 @@ def check_memory(num_layers: int, hidden: int, splits: Sequence[int], context: i
                 "--context 0 (half the features)")
     else:
         hint = f"give fewer candidates, e.g. --splits {','.join(map(str, fewer))}, or run tune more than once"
+    shown = f"{limit / gib:.2f}" if limit >= gib / 100 else f"{limit / gib:.3g}"
     raise InputError(f"the statistics of {len(splits)} candidate splits {list(splits)} need {need / gib:.2f} GiB, "
-                     f"more than the {limit / gib:.2f} GiB available; {hint}")
+                     f"more than the {shown} GiB {limit_name}; {hint}")
 
 
 def choose_split(rows: Sequence[dict], budget: Budget) -> int | None:
@@ -217,7 +219,17 @@ def check_config(cfg: TuneConfig) -> None:
     if cfg.tail >= cfg.doc_tokens:
         raise InputError(f"--tail {cfg.tail} must be shorter than --doc-tokens {cfg.doc_tokens}")
     if cfg.needle_tail >= cfg.doc_tokens:
-        raise InputError(f"--needle-tail {cfg.needle_tail} must be shorter than --doc-tokens {cfg.doc_tokens}")
+        raise InputError(f"--doc-tokens {cfg.doc_tokens} must be longer than the needle prompts' exact tail of "
+                         f"{cfg.needle_tail} tokens")
+    if cfg.threads is not None:
+        check_int(cfg.threads, "--threads", lo=1, hint="or leave it out for torch's choice")
+    if cfg.lam != "auto" and not (isinstance(cfg.lam, (int, float)) and math.isfinite(cfg.lam) and cfg.lam >= 0):
+        raise InputError(f"--lam {cfg.lam} must be 'auto' or a finite number ≥ 0")
+    if cfg.lam == "auto" and cfg.calib_tokens < 2 * cfg.chunk:
+        raise InputError(f"--lam auto chooses λ on held-out chunks of {cfg.chunk} tokens, so --calib-tokens "
+                         f"{cfg.calib_tokens} must be at least {2 * cfg.chunk}; raise --calib-tokens or give --lam")
+    if len(set(cfg.splits)) != len(cfg.splits):
+        raise InputError(f"the candidate splits {list(cfg.splits)} repeat a split: list each once")
     if cfg.max_memory is not None:
         check_int(cfg.max_memory, "--max-memory", lo=1)
     if not isinstance(cfg.budget, Budget):
@@ -225,6 +237,24 @@ def check_config(cfg: TuneConfig) -> None:
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {cfg.out!r} is a file: give a folder for the candidates' maps and the report")
+    _check_creatable(out, "--out")
+    if cfg.maps is not None:
+        if Path(cfg.maps).is_dir():
+            raise InputError(f"--maps {cfg.maps!r} is a folder: give the file's path, e.g. "
+                             f"{str(Path(cfg.maps) / 'maps.safetensors')!r}")
+        _check_creatable(Path(cfg.maps).parent, "--maps")
+
+
+def _check_creatable(folder: Path, flag: str) -> None:
+    """Refuse a folder that cannot be created or written (checked before the model loads, nothing created)."""
+    p = folder.absolute()
+    while not p.exists():
+        p = p.parent
+    if not p.is_dir():
+        raise InputError(f"{flag} {str(folder)!r} cannot be created: {str(p)!r} is a file; choose another path")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {str(folder)!r} cannot be written: no write permission on {str(p)!r}; "
+                         "choose another path")
 
 
 def _timed(fn) -> float:
@@ -317,10 +347,11 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
     runs = [c[prefix:] for c in chunks]
     fp = fingerprint(runs, sample=sample_for(sum(r.numel() for r in runs)))
     what = "the calibration text files" if cfg.calib_texts else f"the shipped calibration set {defaults.CALIBRATION_SET!r}"
-    check_disjoint(docs, fp, names=labels, calibration=what, prefix_tokens=prefix)
+    remedy = "evaluate on other text (--text) or calibrate on text without it (--calib-text)"
+    check_disjoint(docs, fp, names=labels, calibration=what, prefix_tokens=prefix, remedy=remedy)
     for name, text in (eval_texts.items() if cfg.needle_trials else ()):
         check_disjoint([tok(text, add_special_tokens=False)["input_ids"]], fp,
-                       names=[f"needle haystack text {name!r}"], calibration=what)
+                       names=[f"needle haystack text {name!r}"], calibration=what, remedy=remedy)
     if cfg.needle_trials:  # a needle tail too short for the question, or too little prose, fails here too
         from .needles import case_depth, case_rng, make_case
 
@@ -337,9 +368,11 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
         raise InputError(f"--doc-tokens {cfg.doc_tokens} leaves no room to answer within the model's context of "
                          f"{max_pos} tokens")
     limit = cfg.max_memory if cfg.max_memory is not None else available_memory()
-    need = check_memory(L, d, splits, cfg.context, limit)
+    need = check_memory(L, d, splits, cfg.context, limit,
+                        "available" if cfg.max_memory is None else "that --max-memory allows")
     say(f"candidate splits {splits} of {L} layers; their statistics need {need / 2**30:.2f} GiB"
-        + ("" if limit is None else f" (of {limit / 2**30:.2f} GiB available)"))
+        + ("" if limit is None else f" (of {limit / 2**30:.2f} GiB "
+           f"{'available' if cfg.max_memory is None else 'that --max-memory allows'})"))
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -380,11 +413,21 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
         row["selected_rows"] = len(rows_chosen)
         say(f"S={s}: bound {row['flop_bound']:.2f}x, measured {ratio:.2f}x")
     chosen_split = choose_split(rows, cfg.budget)
+    save_error = None
     if chosen_split is not None:
-        fitted[chosen_split].save(maps_file)
+        try:
+            fitted[chosen_split].save(maps_file)
+        except Exception as e:  # the report is still written, then the error is raised
+            save_error = e
+    stale = chosen_split is None and maps_file.exists()
+    if stale:  # an earlier run's choice must not pass for this run's
+        maps_file.unlink()
+        from ..maps import stats_path
+
+        stats_path(maps_file).unlink(missing_ok=True)
     report = {
         "kind": "tune", "model": model_name, "num_layers": L, "hidden": d, "splits": splits,
-        "chosen_split": chosen_split, "maps_path": str(maps_file) if chosen_split is not None else None,
+        "chosen_split": chosen_split, "maps_path": str(maps_file) if chosen_split is not None and save_error is None else None,
         "budget": {"needle_fraction": cfg.budget.needle_fraction, "max_key_dnll": cfg.budget.max_key_dnll},
         "rows": rows, "select": str(select), "context": cfg.context, "lambda_spec": str(cfg.lam),
         "calibration_tokens": first.meta.get("calibration_tokens"), "calibration_seconds": calib_s,
@@ -397,11 +440,15 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "commit": source_commit(),
     }
     write_report(report, out)
+    if save_error is not None:
+        raise save_error
     if chosen_split is None:
-        raise InputError(f"no candidate split in {splits} meets the budget (needles ≥ "
-                         f"{cfg.budget.needle_fraction:.0%} of exact, key-token ΔNLL ≤ {cfg.budget.max_key_dnll}); "
-                         f"the table is in {out / 'tune.md'}: add deeper splits (--splits) or loosen --min-needles / "
-                         "--max-key-dnll")
+        needle_rule = f"needles ≥ {cfg.budget.needle_fraction:.0%} of exact, " if cfg.needle_trials else ""
+        loosen = "--min-needles / --max-key-dnll" if cfg.needle_trials else "--max-key-dnll"
+        removed = f"; the earlier {str(maps_file)!r} was removed" if stale else ""
+        raise InputError(f"no candidate split in {splits} meets the budget ({needle_rule}key-token ΔNLL ≤ "
+                         f"{cfg.budget.max_key_dnll}); the table is in {out / 'tune.md'}{removed}: add deeper splits "
+                         f"(--splits) or loosen {loosen}")
     return report
 
 
@@ -469,7 +516,8 @@ def write_report(report: dict, out: str | os.PathLike) -> None:
                 ax.plot([xv], [yv], marker="*", markersize=16, color="red", linestyle="none", label="chosen")
         ax.set_xlabel("FLOP bound (exact / fill)")
         ax.set_ylabel(label)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.suptitle(f"ridgefill tune: {report['model']}, quality against speed per split")
     fig.tight_layout()
     atomic_write(out / "tune.png", lambda tmp: fig.savefig(tmp, format="png", dpi=120))
