@@ -340,6 +340,9 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
         if docs < 1:
             raise InputError(f"the text files {list(cfg.texts)} hold no document of {cfg.doc_tokens + 1} tokens: "
                              "give a longer text or lower --doc-tokens")
+        if docs < cfg.docs:
+            say(f"the text files hold {docs} document(s) of {cfg.doc_tokens + 1} tokens, fewer than --docs "
+                f"{cfg.docs}: evaluating on {docs}" + ("; one document gives no confidence interval" if docs == 1 else ""))
     docs, labels = evaluation_plan(tok, eval_texts, docs, cfg.doc_tokens)
     # too little text, or evaluation text overlapping the calibration text, fails before the model loads
     chunks = calibration_chunks(tok, calib, cfg.calib_tokens, cfg.chunk)
