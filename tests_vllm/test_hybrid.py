@@ -25,6 +25,11 @@ NAME, ORACLE, GEN, TOP = "qwen3_next", "qwen3_next_oracle", 8, 10
 #: reference's exact prefill by up to 0.115 in these log-probabilities (measured; bfloat16 rounding of activations
 #: and recurrent states, amplified by the LM head), and the fill is held to the same bound plus a margin
 TOL_REF = 0.15
+#: under one scheduling, how far the fill may depart from the reference's fill beyond how far vLLM's own class
+#: departs from the reference's exact prefill under the same scheduling (bfloat16 states between chunks depend on
+#: the CPU's bfloat16 kernels: on an AVX2-only CPU vLLM's own class departs by 0.61 chunked and 0.20 in one step on the
+#: oracle model's second prompt)
+TOL_EXTRA = 0.05
 #: the first decoding step against the reference's: its states carry the prompt and one more bfloat16 step (measured
 #: up to 0.157, prompt 2 in one step; the fill still moves the first token by more than 2 * TOL_REF, below)
 TOL_DECODE = 0.2
@@ -46,8 +51,9 @@ def hybrid_reference(references) -> dict:
 
 @pytest.fixture(scope="module")
 def hybrid_runs(hybrid_reference, work_dir) -> dict:
-    """Eight engines in one process. The model: ``own`` (vLLM's class), ``chunked`` (RidgeFill, 128 tokens per
-    step, with its step log), ``whole`` (RidgeFill, each prompt in one step). The oracle model, each scheduling
+    """Nine engines in one process. The model: ``own`` (vLLM's class), ``chunked`` (RidgeFill, 128 tokens per
+    step, with its step log), ``whole`` (RidgeFill, each prompt in one step), ``own_chunked`` (vLLM's class, 128
+    tokens per step). The oracle model, each scheduling
     (``whole``, ``chunked``): ``oracle_own_*`` (vLLM's class) and ``oracle_fill_*`` (RidgeFill, identity maps);
     ``oracle_shifted`` (RidgeFill, shifted maps, chunked)."""
     tail = hybrid_reference["tail"]
@@ -62,13 +68,14 @@ def hybrid_runs(hybrid_reference, work_dir) -> dict:
         if name == NAME:
             log = work_dir / "hybrid-steps.jsonl"
             log.unlink(missing_ok=True)
-            runs += [dict(base, engine=whole), dict(fill, engine=chunked, step_log=str(log)), dict(fill, engine=whole)]
+            runs += [dict(base, engine=whole), dict(fill, engine=chunked, step_log=str(log)), dict(fill, engine=whole),
+                     dict(base, engine=chunked)]
         else:
             shifted = dict(fill, ridgefill=dict(fill["ridgefill"], maps=fam["maps_shifted"]))
             runs += [dict(base, engine=whole), dict(base, engine=chunked), dict(fill, engine=whole),
                      dict(fill, engine=chunked), dict(shifted, engine=chunked)]
     out = [r["prompts"] for r in run_engine(work_dir, "hybrid", {"runs": runs}, fresh=True)["runs"]]
-    names = ["own", "chunked", "whole", "oracle_own_whole", "oracle_own_chunked", "oracle_fill_whole",
+    names = ["own", "chunked", "whole", "own_chunked", "oracle_own_whole", "oracle_own_chunked", "oracle_fill_whole",
              "oracle_fill_chunked", "oracle_shifted"]
     return dict(zip(names, out), steps=[json.loads(line) for line in log.read_text().splitlines()])
 
@@ -87,20 +94,30 @@ def _max_diff(got: dict, want: dict) -> float:
     return max(abs(g[t] - w[t]) for t in common)
 
 
+def _bound(own: dict, exact: dict) -> float:
+    """The fill's tolerance against the reference under one scheduling: 0.15, or vLLM's own class's departure from
+    the reference's exact prefill under that scheduling plus 0.05 where that is larger."""
+    return max(TOL_REF, _max_diff(own, exact) + TOL_EXTRA)
+
+
 def test_fill_equals_reference(hybrid_reference, hybrid_runs):
     """Both RidgeFill engines (chunked and one step per prompt) give ``ridgefill.prefill``'s first token and its
-    first-token log-probabilities within 0.15, on both filled prompts, and the log-probabilities of the first
-    decoding step (the second token), which reads the linear-attention states after the whole prompt, within 0.2. Greedy tokens
+    first-token log-probabilities within 0.15 (or within vLLM's own class's departure from the reference's exact
+    prefill under the same scheduling plus 0.05, where that is larger), on both filled prompts, and the log-probabilities of the first
+    decoding step (the second token), which reads the linear-attention states after the whole prompt, within 0.2
+    plus how far vLLM's own class's first decoding step moves between that scheduling and one step. Greedy tokens
     beyond the first are not compared: the reference's top-2 logit gaps along them (0.2-0.3) are within the
     bfloat16 noise, and vLLM's own class already departs from the reference's exact greedy tokens on one prompt; the
     oracle test below compares greedy tokens exactly."""
     ref = hybrid_reference["families"][NAME]["prompts"]
-    for engine in ("chunked", "whole"):
+    for engine, own in (("chunked", "own_chunked"), ("whole", "own")):
         for i in (0, 1):
             got, want = hybrid_runs[engine][i], ref[i]["fill"]
-            assert _max_diff(got, want) < TOL_REF, (engine, i)
+            assert _max_diff(got, want) < _bound(hybrid_runs[own][i], ref[i]["exact"]), (engine, i)
             assert got["greedy"][0] == want["greedy"][0], (engine, i)
-            assert _max_diff(got["decode"], want["decode"]) < TOL_DECODE, (engine, i)
+            # the reference has no exact decoding step: vLLM's own class's departure between its schedulings stands in
+            drift = _max_diff(hybrid_runs[own][i]["decode"], hybrid_runs["own"][i]["decode"])
+            assert _max_diff(got["decode"], want["decode"]) < TOL_DECODE + drift, (engine, i, drift)
 
 
 def test_vllm_own_class_equals_reference_exact_prefill(hybrid_reference, hybrid_runs):
@@ -151,10 +168,11 @@ def test_filled_rows_states_reach_the_exact_rows(hybrid_reference, hybrid_runs):
     """The same oracle model with shifted maps (each filled row's layer input predicted as the previous row's split
     state): layer 3's states after the filled rows differ, and its first-token log-probabilities move from vLLM's
     own class by more than 0.05 on both filled prompts (so the exact equality above is not the tail's alone); they
-    equal the reference's fill with the same maps within 0.15."""
+    equal the reference's fill with the same maps within 0.15 (or vLLM's own class's departure, chunked, from the
+    reference's exact prefill plus 0.05, where that is larger)."""
     ref = hybrid_reference["families"][ORACLE]["prompts"]
     for i in (0, 1):
         got = hybrid_runs["oracle_shifted"][i]
         own = _logprobs(hybrid_runs["oracle_own_chunked"][i])
         assert max(abs(v - own[t]) for t, v in _logprobs(got).items() if t in own) > 0.05, i
-        assert _max_diff(got, ref[i]["shifted"]) < TOL_REF, i
+        assert _max_diff(got, ref[i]["shifted"]) < _bound(hybrid_runs["oracle_own_chunked"][i], ref[i]["exact"]), i
