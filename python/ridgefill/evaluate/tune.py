@@ -121,11 +121,15 @@ def check_splits(splits: Sequence[int], num_layers: int) -> list[int]:
     """``splits`` sorted and checked: integers in ``0..L-2``, no repeats. Raises :class:`InputError`."""
     out = [check_int(s, "split S", lo=0, hi=num_layers - 2, hint=f"this model has {num_layers} layers")
            for s in splits]
-    if len(set(out)) != len(out):
-        raise InputError(f"the candidate splits {list(splits)} repeat a split: list each once")
+    _check_no_repeats(splits)
     if not out:
         raise InputError("no candidate split: give at least one (or leave --splits out for the default)")
     return sorted(out)
+
+
+def _check_no_repeats(splits: Sequence[int]) -> None:
+    if len(set(splits)) != len(splits):
+        raise InputError(f"the candidate splits {list(splits)} repeat a split: list each once")
 
 
 def stats_bytes(num_layers: int, hidden: int, split: int, context: int) -> int:
@@ -228,8 +232,7 @@ def check_config(cfg: TuneConfig) -> None:
     if cfg.lam == "auto" and cfg.calib_tokens < 2 * cfg.chunk:
         raise InputError(f"--lam auto chooses λ on held-out chunks of {cfg.chunk} tokens, so --calib-tokens "
                          f"{cfg.calib_tokens} must be at least {2 * cfg.chunk}; raise --calib-tokens or give --lam")
-    if len(set(cfg.splits)) != len(cfg.splits):
-        raise InputError(f"the candidate splits {list(cfg.splits)} repeat a split: list each once")
+    _check_no_repeats(cfg.splits)
     if cfg.max_memory is not None:
         check_int(cfg.max_memory, "--max-memory", lo=1)
     if not isinstance(cfg.budget, Budget):
@@ -255,6 +258,13 @@ def _check_creatable(folder: Path, flag: str) -> None:
     if not os.access(p, os.W_OK | os.X_OK):
         raise InputError(f"{flag} {str(folder)!r} cannot be written: no write permission on {str(p)!r}; "
                          "choose another path")
+
+
+def pass_checkpoint(out: str | os.PathLike) -> Path:
+    """The multi-split pass's checkpoint in the folder ``out``: ``<out>/tune.checkpoint.safetensors``."""
+    from ..checkpoint import checkpoint_path
+
+    return checkpoint_path(Path(out) / "tune.safetensors")
 
 
 def _timed(fn) -> float:
@@ -314,7 +324,6 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
             the model loads.
     """
     from ..calibration import calibrate_many, calibration_chunks, special_prefix
-    from ..checkpoint import checkpoint_path
     from ..costs import ideal_ratio
     from ..data.models import load_model, load_tokenizer
     from ..data.overlap import check_disjoint, fingerprint, sample_for
@@ -371,16 +380,15 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
         raise InputError(f"--doc-tokens {cfg.doc_tokens} leaves no room to answer within the model's context of "
                          f"{max_pos} tokens")
     limit = cfg.max_memory if cfg.max_memory is not None else available_memory()
-    need = check_memory(L, d, splits, cfg.context, limit,
-                        "available" if cfg.max_memory is None else "that --max-memory allows")
+    limit_name = "available" if cfg.max_memory is None else "that --max-memory allows"
+    need = check_memory(L, d, splits, cfg.context, limit, limit_name)
     say(f"candidate splits {splits} of {L} layers; their statistics need {need / 2**30:.2f} GiB"
-        + ("" if limit is None else f" (of {limit / 2**30:.2f} GiB "
-           f"{'available' if cfg.max_memory is None else 'that --max-memory allows'})"))
+        + ("" if limit is None else f" (of {limit / 2**30:.2f} GiB {limit_name})"))
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     maps_file = Path(cfg.maps) if cfg.maps else out / "maps.safetensors"
-    ckpt = checkpoint_path(out / "tune.safetensors")
+    ckpt = pass_checkpoint(out)
     if ckpt.exists():
         say(f"resuming the pass from the checkpoint {ckpt}")
     t0 = time.perf_counter()
