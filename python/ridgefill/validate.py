@@ -145,3 +145,9 @@ def check_context(value: Any) -> int:
     """The maps' ``context`` (:func:`ridgefill.fill.context_features`): ``0`` (the row's own ``h_S``) or ``1``
     (also the previous row's). Raises :class:`InputError` for anything else (``bool``, ``1.0``, ``"1"``, ``2``)."""
     return check_int(value, "context", lo=0, hi=1, hint="0: the row's own h_S; 1: also the previous row's")
+
+
+def check_lam_spec(value: Any, flag: str = "--lam") -> None:
+    """A λ setting: ``"auto"`` (per layer, by held-out error) or a finite number ≥ 0. Raises :class:`InputError`."""
+    if value != "auto" and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise InputError(f"{flag} {value} must be 'auto' or a finite number ≥ 0 (λ > 0 when the Gram is singular)")

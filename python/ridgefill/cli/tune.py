@@ -61,7 +61,7 @@ def add_subcommand(sub) -> None:
 def _cmd_tune(a) -> None:
     if a.max_memory is not None and not (math.isfinite(a.max_memory) and a.max_memory * 2**30 >= 1):
         raise InputError(f"--max-memory {a.max_memory} must be a finite positive number of GiB (at least one byte)")
-    from ..evaluate.tune import Budget, TuneConfig, format_table, pass_checkpoint, tune  # heavy
+    from ..evaluate.tune import CHECKPOINT_EVERY, Budget, TuneConfig, format_table, pass_checkpoint, tune  # heavy
 
     cfg = TuneConfig(model=a.model, splits=a.splits, texts=tuple(a.text or ()), calib_texts=tuple(a.calib_text or ()),
                      calib_tokens=a.calib_tokens, context=a.context, lam=a.lam, docs=a.docs, doc_tokens=a.doc_tokens,
@@ -73,8 +73,8 @@ def _cmd_tune(a) -> None:
     except KeyboardInterrupt:
         ckpt = pass_checkpoint(a.out)
         where = (f"the pass's statistics so far are in {str(ckpt)!r}: run the same command again to resume"
-                 if ckpt.exists() else "no pass checkpoint exists (one is saved every 16 calibration chunks and "
-                 "removed once the maps are fitted; fitted maps are in --out as maps-S<S>.safetensors)")
+                 if ckpt.exists() else f"no pass checkpoint exists (one is saved every {CHECKPOINT_EVERY} calibration "
+                 "chunks and removed once the maps are fitted; fitted maps are in --out as maps-S<S>.safetensors)")
         print(f"\ninterrupted; {where}", file=sys.stderr)
         raise SystemExit(130) from None
     print(format_table(report))

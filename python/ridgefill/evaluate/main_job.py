@@ -51,6 +51,7 @@ from ..fileio import write_json
 from ..fill import MODES, generate_after, prefill, prefill_instrumented
 from ..maps import RidgeMaps, attach_stats, load_maps
 from ..select import DEFAULT_SELECT, Select, Selection, check_leverage_stats
+from ..validate import check_lam_spec
 from .needles import answer_case, case_depth, case_rng, haystack_sentences, make_case, score_answer
 
 
@@ -323,8 +324,7 @@ def check_config(cfg: RunConfig) -> None:
             raise InputError(f"{flag} {value} must be at least 1")
     if cfg.threads is not None and cfg.threads < 1:
         raise InputError(f"--threads {cfg.threads} must be at least 1 (or leave it out for torch's choice)")
-    if cfg.lam != "auto" and not (isinstance(cfg.lam, (int, float)) and math.isfinite(cfg.lam) and cfg.lam >= 0):
-        raise InputError(f"--lam {cfg.lam} must be 'auto' or a finite number ≥ 0 (λ > 0 when the Gram is singular)")
+    check_lam_spec(cfg.lam)
 
     if cfg.calib_set is not None and cfg.calib_set not in CALIBRATION_SETS:
         raise InputError(f"--calib-set {cfg.calib_set!r} is not a shipped calibration set: use one of "

@@ -42,7 +42,7 @@ import torch
 from .. import defaults
 from ..errors import InputError
 from ..fileio import atomic_write, write_json
-from ..validate import check_int, check_real
+from ..validate import check_int, check_lam_spec, check_real
 
 #: Bytes per float64 value of the statistics.
 _F64 = 8
@@ -227,8 +227,7 @@ def check_config(cfg: TuneConfig) -> None:
                          f"{cfg.needle_tail} tokens")
     if cfg.threads is not None:
         check_int(cfg.threads, "--threads", lo=1, hint="or leave it out for torch's choice")
-    if cfg.lam != "auto" and not (isinstance(cfg.lam, (int, float)) and math.isfinite(cfg.lam) and cfg.lam >= 0):
-        raise InputError(f"--lam {cfg.lam} must be 'auto' or a finite number ≥ 0")
+    check_lam_spec(cfg.lam)
     if cfg.lam == "auto" and cfg.calib_tokens < 2 * cfg.chunk:
         raise InputError(f"--lam auto chooses λ on held-out chunks of {cfg.chunk} tokens, so --calib-tokens "
                          f"{cfg.calib_tokens} must be at least {2 * cfg.chunk}; raise --calib-tokens or give --lam")
@@ -258,6 +257,10 @@ def _check_creatable(folder: Path, flag: str) -> None:
     if not os.access(p, os.W_OK | os.X_OK):
         raise InputError(f"{flag} {str(folder)!r} cannot be written: no write permission on {str(p)!r}; "
                          "choose another path")
+
+
+#: the multi-split pass saves its checkpoint every this many calibration chunks (and after the last)
+CHECKPOINT_EVERY = 16
 
 
 def pass_checkpoint(out: str | os.PathLike) -> Path:
@@ -394,6 +397,7 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
     t0 = time.perf_counter()
     fitted = calibrate_many(model, tok, calib, splits=splits, tokens=cfg.calib_tokens, chunk=cfg.chunk, lam=cfg.lam,
                             context=cfg.context, model_name=model_name, progress=progress, checkpoint=ckpt,
+                            checkpoint_every=CHECKPOINT_EVERY,
                             on_maps=lambda s, m: m.save(maps_path(out, s)))
     calib_s = time.perf_counter() - t0
     ckpt.unlink(missing_ok=True)
