@@ -23,7 +23,8 @@ from ridgefill.errors import InputError, OverlapError
 from ridgefill.maps import RidgeMaps, load_maps
 from ridgefill.data.overlap import calibration_label, check_disjoint, fingerprint
 from ridgefill.evaluate.main_job import maps_fingerprint
-from ridgefill.evaluate.main_job import RunConfig, calibration_mismatch, check_evaluation_text, evaluation_plan, run
+from ridgefill.evaluate.documents import evaluation_plan
+from ridgefill.evaluate.main_job import RunConfig, calibration_mismatch, check_evaluation_text, run
 from evaluate_helpers import ByteTokenizer, save_byte_model
 
 REPO = Path(__file__).resolve().parent.parent

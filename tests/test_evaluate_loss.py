@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from ridgefill import InputError, RidgeMaps
-from ridgefill.evaluate.loss import (DocScores, bootstrap_ci, fill_variants, key_token_mask, key_token_stats,
-                                     local_window_nll, novel_documents, proper_names, renamed_texts,
-                                     score_documents, summarise, tail_nll, token_nll, wilson_interval)
+from ridgefill.evaluate.documents import novel_documents, proper_names, renamed_texts
+from ridgefill.evaluate.loss import (DocScores, fill_variants, key_token_mask, key_token_stats, local_window_nll,
+                                     score_documents, summarise, tail_nll, token_nll)
+from ridgefill.evaluate.stats import bootstrap_ci, wilson_interval
 from conftest import tiny_llama
 from evaluate_helpers import ByteTokenizer, damp_late_layers
 

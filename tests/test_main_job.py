@@ -84,7 +84,7 @@ def test_run_on_a_short_text_takes_the_documents_it_holds_and_refuses_too_little
     than a document is refused before the model loads, and nothing is written."""
     from ridgefill.data.models import load_tokenizer
     from ridgefill.data.texts import EVALUATION_BOOKS, load_texts
-    from ridgefill.evaluate.main_job import document_room
+    from ridgefill.evaluate.documents import document_room
 
     tok = load_tokenizer()
     book = load_texts()[EVALUATION_BOOKS[0]]

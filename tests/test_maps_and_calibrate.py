@@ -171,7 +171,7 @@ class BosCharTokenizer(CharTokenizer):
 
 def test_special_prefix_starts_every_chunk_and_document():
     from ridgefill.calibration import special_prefix
-    from ridgefill.evaluate.main_job import evaluation_documents
+    from ridgefill.evaluate.documents import evaluation_documents
 
     assert special_prefix(CharTokenizer()) == [] and special_prefix(BosCharTokenizer()) == [0]
     text = "".join("abcd"[(i * 7) % 4] + "abcd"[i % 4] for i in range(500))  # ids 97..100, never 0

@@ -15,7 +15,8 @@ from ridgefill.errors import InputError, MapsFormatError, OverlapError
 from ridgefill.maps import load_maps
 from ridgefill.data.overlap import Fingerprint, calibration_label, check_disjoint, fingerprint, sample_for, window_hashes
 from ridgefill.evaluate.main_job import maps_fingerprint
-from ridgefill.evaluate.main_job import RunConfig, evaluation_plan, format_table, run
+from ridgefill.evaluate.documents import evaluation_plan
+from ridgefill.evaluate.main_job import RunConfig, format_table, run
 from evaluate_helpers import ByteTokenizer, save_byte_model
 
 WORDS = ("harbour lantern meadow kettle falcon orchard compass violin pebble saddle window thistle anchor basket "

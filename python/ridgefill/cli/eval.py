@@ -302,8 +302,7 @@ def _source(a) -> str:
 
 def _documents(a, tok):
     """``(documents, set names, labels, info)``: the plain and novel (renamed) evaluation documents."""
-    from ..evaluate.main_job import evaluation_plan
-    from ..evaluate.loss import novel_documents
+    from ..evaluate.documents import evaluation_plan, novel_documents
 
     if a.tail >= a.doc_tokens:
         raise InputError(f"--tail {a.tail} must be shorter than --doc-tokens {a.doc_tokens}")

@@ -9,27 +9,24 @@ of the exact tail (the last ``tail`` rows of a ``doc_tokens``-token prompt; row 
 - **key** tokens: tokens whose exact NLL with the full prefix is lower, by at least ``τ`` nats, than
   with only a short local window (:func:`local_window_nll`, :func:`key_token_mask`); these are the
   tokens that need the filled region;
-- **novel** text: documents the model cannot have memorised (:func:`renamed_texts`): the evaluation
+- **novel** text: documents the model cannot have memorised (:func:`ridgefill.evaluate.documents.renamed_texts`): the evaluation
   novels with every recurring proper name (characters, places) replaced, consistently within the
   book, by an invented name. Verbatim recall of the novel cannot predict these names; they have to be
   copied from the context. The novel set's passages are taken from the other half of each book
-  (:func:`novel_documents`), so they do not repeat the plain set's passages.
+  (:func:`ridgefill.evaluate.documents.novel_documents`), so they do not repeat the plain set's passages.
 
 ΔNLL is ``mean(NLL_mode − NLL_exact)`` over the class's tokens, in nats/token (a ratio of sums over
 documents), with a 95 % percentile bootstrap interval that resamples documents
-(:func:`bootstrap_ci`), since tokens within a document are not independent.
+(:func:`ridgefill.evaluate.stats.bootstrap_ci`), since tokens within a document are not independent.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -37,101 +34,8 @@ from torch import Tensor
 from ..errors import InputError
 from ..fill import prefill_instrumented
 from ..select import needs_maps
+from .stats import bootstrap_ci
 
-#: Capitalised words that are titles, headings or calendar words, never renamed.
-_KEEP = frozenset({
-    "mr", "mrs", "miss", "sir", "lady", "lord", "dr", "captain", "colonel", "admiral", "chapter", "volume",
-    "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday", "january", "february",
-    "march", "april", "may", "june", "july", "august", "september", "october", "november", "december",
-    "christmas", "michaelmas", "easter", "god", "heaven", "english", "the", "end"})
-_ONSETS = ("b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p", "pr", "r", "s", "st",
-           "t", "tr", "v", "z", "th", "sk")
-_VOWELS = ("a", "e", "i", "o", "u", "ae", "ou", "y")
-_CODAS = ("", "", "n", "r", "l", "s", "th", "m", "x", "v")
-
-
-# --------------------------------------------------------------------------------------------------
-# Statistics
-# --------------------------------------------------------------------------------------------------
-
-@dataclass
-class Estimate:
-    """A ratio-of-sums mean with its percentile bootstrap interval.
-
-    Attributes:
-        mean: ``Σ sums / Σ counts`` over documents (e.g. nats/token).
-        lo, hi: interval bounds at ``level`` (``nan`` when no resample has a token).
-        docs: documents; tokens: ``Σ counts``; level: e.g. ``0.95``; resamples: bootstrap draws.
-    """
-
-    mean: float
-    lo: float
-    hi: float
-    docs: int
-    tokens: int
-    level: float = 0.95
-    resamples: int = 0
-
-    def as_dict(self) -> dict:
-        return {"mean": self.mean, "ci": [self.lo, self.hi], "level": self.level, "docs": self.docs,
-                "tokens": self.tokens, "resamples": self.resamples}
-
-
-def bootstrap_ci(sums: Sequence[float], counts: Sequence[float], *, resamples: int = 10000,
-                 level: float = 0.95, seed: int = 0) -> Estimate:
-    """Mean ``Σ sums / Σ counts`` with a percentile bootstrap interval over documents.
-
-    Each resample draws ``D`` documents with replacement (``D = len(sums)``) and recomputes the ratio;
-    resamples whose documents hold no token are dropped. Deterministic for a given ``seed``.
-
-    Args:
-        sums: per-document sums of the per-token values ``[D]`` (e.g. ``Σ ΔNLL``, nats).
-        counts: per-document token counts ``[D]`` (``≥ 0``).
-        resamples: bootstrap draws (``≥ 1``); level: coverage in ``(0, 1)``.
-
-    Raises:
-        InputError: empty or mismatched inputs, negative or non-finite values, no token at all, or a
-            bad ``resamples``/``level``.
-    """
-    s = np.asarray(sums, dtype=np.float64)
-    c = np.asarray(counts, dtype=np.float64)
-    if s.ndim != 1 or s.shape != c.shape or s.size == 0:
-        raise InputError(f"bootstrap_ci needs two equal-length 1-D sequences with at least one document; got "
-                         f"shapes {s.shape} and {c.shape}")
-    if not (np.isfinite(s).all() and np.isfinite(c).all()) or (c < 0).any():
-        raise InputError("bootstrap_ci: sums must be finite and counts finite and ≥ 0")
-    if c.sum() <= 0:
-        raise InputError("bootstrap_ci: no token to average (every count is 0); lower τ or add documents")
-    if resamples < 1 or not 0 < level < 1:
-        raise InputError(f"bootstrap_ci: resamples must be ≥ 1 and level in (0, 1); got {resamples}, {level}")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, s.size, size=(resamples, s.size))
-    cs = c[idx].sum(1)
-    ok = cs > 0
-    ratios = s[idx].sum(1)[ok] / cs[ok]
-    alpha = (1 - level) / 2
-    lo, hi = (np.quantile(ratios, [alpha, 1 - alpha]) if ratios.size else (math.nan, math.nan))
-    return Estimate(float(s.sum() / c.sum()), float(lo), float(hi), int(s.size), int(c.sum()), level,
-                    int(resamples))
-
-
-def wilson_interval(successes: int, trials: int, level: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval of a proportion, in percent ``[0, 100]`` (for needle scores, where a
-    bootstrap of all-correct trials would give a zero-width interval).
-
-    Raises:
-        InputError: ``trials < 1`` or ``successes`` outside ``0..trials``.
-    """
-    if trials < 1 or not 0 <= successes <= trials:
-        raise InputError(f"wilson_interval needs 0 ≤ successes ≤ trials and trials ≥ 1; got {successes}/{trials}")
-    from statistics import NormalDist
-
-    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
-    p = successes / trials
-    den = 1 + z * z / trials
-    centre = (p + z * z / (2 * trials)) / den
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / den
-    return 100 * max(0.0, centre - half), 100 * min(1.0, centre + half)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -204,83 +108,6 @@ def key_token_mask(nll_full: Tensor, nll_local: Tensor, tau: float) -> Tensor:
     if nll_full.shape != nll_local.shape:
         raise InputError(f"NLL shapes differ: {tuple(nll_full.shape)} vs {tuple(nll_local.shape)}")
     return (nll_local - nll_full) >= tau
-
-
-# --------------------------------------------------------------------------------------------------
-# Documents
-# --------------------------------------------------------------------------------------------------
-
-def invented_names(count: int, seed: int, avoid: set[str] = frozenset()) -> list[str]:
-    """``count`` distinct pronounceable invented names (2-3 syllables, capitalised), seeded, none of
-    whose lowercase forms is in ``avoid``."""
-    rng = np.random.default_rng(seed)
-    out: list[str] = []
-    seen = set(avoid)
-    while len(out) < count:
-        syl = int(rng.integers(2, 4))
-        name = "".join(_ONSETS[rng.integers(len(_ONSETS))] + _VOWELS[rng.integers(len(_VOWELS))]
-                       + (_CODAS[rng.integers(len(_CODAS))] if k == syl - 1 else "") for k in range(syl))
-        if name not in seen and 4 <= len(name) <= 10:
-            seen.add(name)
-            out.append(name.capitalize())
-    return out
-
-
-def proper_names(text: str, min_count: int = 8) -> list[str]:
-    """Recurring proper names of ``text``: capitalised words (3+ letters, not all caps) seen at least
-    ``min_count`` times whose lowercase form is at most 2 % as frequent, minus titles and calendar
-    words. Most frequent first."""
-    words = re.findall(r"[A-Za-z]+", text)
-    cap = Counter(w for w in words if w[0].isupper() and len(w) >= 3 and not w.isupper())
-    low = Counter(w.lower() for w in words if w[0].islower())
-    return [w for w, c in cap.most_common() if c >= min_count and low[w.lower()] <= 0.02 * c
-            and w.lower() not in _KEEP]
-
-
-def renamed_texts(texts: Mapping[str, str], *, seed: int = 0, min_count: int = 8) -> tuple[dict[str, str], dict]:
-    """Replace every recurring proper name (:func:`proper_names`) by an invented one, consistently
-    within each book (a plural ``Names`` follows its ``Name``).
-
-    Returns:
-        ``({title: renamed text}, {title: {name: invented}})``.
-    """
-    out, mappings = {}, {}
-    for i, (title, text) in enumerate(texts.items()):
-        names = proper_names(text, min_count)
-        vocab = {w.lower() for w in re.findall(r"[A-Za-z]+", text)}
-        fake = iter(invented_names(len(names), seed * 1000 + i, vocab))
-        mapping: dict[str, str] = {}
-        for name in sorted(names, key=len):  # stems before their plurals
-            if name.endswith("s") and name[:-1] in mapping:
-                mapping[name] = mapping[name[:-1]] + "s"
-            else:
-                mapping[name] = next(fake)
-        if mapping:
-            pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(mapping, key=len, reverse=True))) + r")\b")
-            text = pattern.sub(lambda m: mapping[m.group(1)], text)
-        out[title] = text
-        mappings[title] = mapping
-    return out, mappings
-
-
-def novel_documents(tokenizer, texts: Mapping[str, str], docs: int, doc_tokens: int, *,
-                    seed: int = 0) -> tuple[list[Tensor], dict]:
-    """Novel-text documents: :func:`renamed_texts`, each book rotated to start at the paragraph
-    nearest its middle (so the passages differ from the plain set's, which starts at the beginning),
-    then cut like :func:`ridgefill.evaluate.main_job.evaluation_documents`.
-
-    Returns:
-        ``(documents [doc_tokens + 1] int64 each, {title: {name: invented}})``.
-    """
-    from .main_job import evaluation_documents
-
-    renamed, mappings = renamed_texts(texts, seed=seed)
-    rotated = {}
-    for title, text in renamed.items():
-        mid = text.find("\n\n", len(text) // 2)
-        mid = len(text) // 2 if mid < 0 else mid + 2
-        rotated[title] = text[mid:] + "\n\n" + text[:mid]
-    return evaluation_documents(tokenizer, rotated, docs, doc_tokens), mappings
 
 
 # --------------------------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from ..fill import MODES, generate_after, prefill, prefill_instrumented
 from ..maps import RidgeMaps, attach_stats, load_maps
 from ..select import DEFAULT_SELECT, Select, Selection, check_leverage_stats
 from ..validate import check_lam_spec
+from .documents import document_room, evaluation_plan
 from .needles import answer_case, case_depth, case_rng, haystack_sentences, make_case, score_answer
 
 
@@ -98,52 +99,6 @@ class RunConfig:
         return out
 
 
-def evaluation_documents(tokenizer, texts: dict[str, str], docs: int, doc_tokens: int) -> list[torch.Tensor]:
-    """``docs`` documents of ``doc_tokens + 1`` tokens: the tokenizer's special prefix
-    (:func:`ridgefill.calibration.special_prefix`, Gemma's ``<bos>``; none for SmolLM2), then consecutive
-    text tokens, evenly spaced over the given texts (round-robin across texts). Raises
-    :class:`InputError` if a text is too short for its share (nothing is truncated). See
-    :func:`evaluation_plan` for where each document comes from."""
-    return evaluation_plan(tokenizer, texts, docs, doc_tokens)[0]
-
-
-def evaluation_plan(tokenizer, texts: dict[str, str], docs: int, doc_tokens: int
-                    ) -> tuple[list[torch.Tensor], list[str]]:
-    """:func:`evaluation_documents` and a label for each document naming its text and token span
-    (``"document 2 ('notes.txt', tokens 2048-4096)"``), for messages.
-
-    Raises:
-        InputError: no text, ``docs < 1``, or a text with room for fewer documents than its share
-            (the message names the text, its length and what to change).
-    """
-    if not texts:
-        raise InputError("no evaluation text: give at least one text")
-    if docs < 1:
-        raise InputError(f"--docs {docs} must be at least 1")
-    bos = torch.tensor(special_prefix(tokenizer), dtype=torch.long)
-    names = list(texts)
-    streams = [torch.tensor(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts.values()]
-    need = doc_tokens + 1 - bos.numel()
-    rooms = [ids.numel() // need for ids in streams]
-    per = [0] * len(streams)
-    for i in range(docs):  # round-robin over the texts, skipping a text once it is full (when another has room)
-        j = next((k % len(streams) for k in range(i, i + len(streams)) if per[k % len(streams)] < rooms[k % len(streams)]),
-                 i % len(streams))
-        per[j] += 1
-    out: list[list[tuple[torch.Tensor, str]]] = []
-    for name, ids, k in zip(names, streams, per):
-        room = ids.numel() // need
-        if k > room:
-            share = "" if len(streams) == 1 else " (documents are spread round-robin over the texts with room)"
-            raise InputError(f"the evaluation text {name!r} has {ids.numel()} tokens: room for {room} documents "
-                             f"of {need} tokens but {k} were asked of it{share}; lower --docs or --doc-tokens, "
-                             "or give a longer text")
-        starts = torch.linspace(0, ids.numel() - need, k).long().tolist() if k else []
-        out.append([(torch.cat([bos, ids[s: s + need]]), f"{name!r}, tokens {s}-{s + need}") for s in starts])
-    pairs = [d for j in range(max(per)) for lst in out if j < len(lst) for d in [lst[j]]]
-    return [d for d, _ in pairs], [f"document {i + 1} ({where})" for i, (_, where) in enumerate(pairs)]
-
-
 def source_commit() -> str | None:
     """The git commit of the checkout this package runs from (with ``+dirty`` when it has uncommitted
     changes), or ``None`` outside a git checkout: reports say which code produced them."""
@@ -158,13 +113,6 @@ def source_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+dirty" if dirty else "")
-
-
-def document_room(tokenizer, texts: dict[str, str], doc_tokens: int) -> int:
-    """How many documents of ``doc_tokens + 1`` tokens (:func:`evaluation_plan`) the texts hold in all,
-    each within one text."""
-    need = doc_tokens + 1 - len(special_prefix(tokenizer))
-    return sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) // need for text in texts.values())
 
 
 def exact_row_nll(logits: torch.Tensor, doc: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ from ..calibration import special_prefix
 from ..errors import InputError
 from ..fill import generate_after, prefill_instrumented
 from ..select import Select, as_selection, needs_maps
-from .loss import wilson_interval
+from .stats import wilson_interval
 
 ADJECTIVES: tuple[str, ...] = (
     "quiet", "amber", "brisk", "hollow", "silver", "gentle", "crimson", "wooden", "frozen", "narrow",

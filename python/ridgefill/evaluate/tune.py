@@ -334,7 +334,8 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
     from ..select import DEFAULT_SELECT, as_selection
     from .depth import maps_path
     from .loss import fill_variants, key_token_stats, score_documents, summarise
-    from .main_job import document_room, evaluation_plan, source_commit
+    from .documents import document_room, evaluation_plan
+    from .main_job import source_commit
     from .needles import haystack_sentences, run_needles
 
     check_config(cfg)
