@@ -8,6 +8,7 @@
   exact recurrent state, and the filled state's error per layer).
 - :mod:`.depth`: the seed's table by split depth, and maps for several splits from one calibration pass.
 - :mod:`.report`: JSON -> markdown + PNG; :mod:`ridgefill.cli.eval`: ``ridgefill eval ...`` and ``ridgefill report``.
+- :mod:`.harness`: the lm-evaluation-harness model (``pip install -e '.[eval]'``; RULER through the fill).
 """
 
 from .loss import key_token_mask, local_window_nll
