@@ -89,7 +89,7 @@ def test_refusals(byte_model, tmp_path):
                           (dict(mode="exact", batch_size=4), "one request at a time"),
                           (dict(mode="exact", tail="x"), "integer"), (dict(mode="exact", temperature=1), "unknown"),
                           (dict(maps=str(tmp_path / "missing.safetensors")), "does not exist"),
-                          (dict(mode="exact", device="cuda"), "CPU")):
+                          (dict(mode="exact", device="cuda"), "--device cpu")):
         with pytest.raises(InputError, match=match):  # all before a model loads (the spec does not exist)
             RidgeFillLM(str(tmp_path / "no-model"), **kwargs)
     with pytest.raises(InputError, match="own tokenizer"):

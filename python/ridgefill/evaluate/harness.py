@@ -3,7 +3,7 @@
 :class:`RidgeFillLM` is registered with lm-eval as ``ridgefill``. lm-eval 0.4.13 finds an external model
 through its registry, so the registering module is imported before lm-eval's CLI runs::
 
-    python -m ridgefill.evaluate.harness run --model ridgefill \\
+    python -m ridgefill.evaluate.harness run --model ridgefill --device cpu \\
         --model_args model=smollm2,maps=maps.safetensors,tokenizer=$(ridgefill convert) \\
         --tasks niah_single_1 --metadata '{"max_seq_lengths": [4096]}' --limit 20
 
@@ -88,7 +88,8 @@ class RidgeFillLM(TemplateLM):
             raise InputError(f"unknown model args {sorted(unknown)}; RidgeFillLM takes model, maps, split, tail, "
                              "select, mode, tokenizer, threads, max_length, batch_size=1, device=cpu")
         if device not in (None, "cpu"):
-            raise InputError(f"device={device!r}: RidgeFillLM runs the reference on the CPU (device=cpu)")
+            raise InputError(f"device={device!r}: RidgeFillLM runs the reference on the CPU; pass --device cpu "
+                             "(lm-eval's command line defaults to cuda:0)")
         if mode not in MODES:
             raise InputError(f"model arg mode={mode!r} is not one of {', '.join(MODES)}")
         if str(batch_size) != "1":
