@@ -117,8 +117,8 @@ def watched(model):
         entry = state.layers[l]
         seen["advance"][l] = (x.clone(), entry.conv_states[0].clone(), entry.recurrent_states[0].clone())
 
-    def spy_layer(l, x, rope, positions, keys, values, visible=None):
-        out = layer(l, x, rope, positions, keys, values, visible)
+    def spy_layer(l, x, rope, positions, keys, values, visible=None, *, host=None):
+        out = layer(l, x, rope, positions, keys, values, visible, host=host)
         if ad.is_recurrent(l) and hasattr(keys, "layers"):
             seen["layer"][l] = (x.clone(), out.clone())
         return out

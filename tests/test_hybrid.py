@@ -96,8 +96,8 @@ def test_layer_by_layer_equals_transformers(name, ids):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_state_after_filled_rows_equals_recurrence_on_their_inputs(name, ids):
     """advance_state on F rows gives the conv and delta-rule states of (a) the transformers forward on
-    those rows (true inputs) and (b) the layer's own module run one row at a time (the recurrent
-    kernel and the conv update step) on predicted inputs."""
+    those rows (true inputs), (b) the layer's own module run one row at a time (the recurrent kernel
+    and the conv update step) on predicted inputs, and (c) itself over the rows in two runs."""
     model = build(name)
     ad = adapter_for(model)
     f = 23
@@ -123,8 +123,13 @@ def test_state_after_filled_rows_equals_recurrence_on_their_inputs(name, ids):
         torch.testing.assert_close(state.layers[layer].recurrent_states[0], step.layers[layer].recurrent_states[0],
                                    rtol=0, atol=1e-5)
         assert state.layers[layer].recurrent_states[0].abs().max() > 1e-2
-        with pytest.raises(ValueError, match="already advanced"):
-            ad.advance_state(layer, x_hat, state)
+        parts = ad.new_state()  # continued: rows 0..9, then 10..f-1 from the state the first run left
+        ad.advance_state(layer, x_hat[:, :10], parts)
+        ad.advance_state(layer, x_hat[:, 10:], parts)
+        torch.testing.assert_close(parts.layers[layer].conv_states[0], state.layers[layer].conv_states[0],
+                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(parts.layers[layer].recurrent_states[0], state.layers[layer].recurrent_states[0],
+                                   rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -179,13 +184,66 @@ def test_none_mode_exact_rows_start_from_empty_state(name, ids):
             assert (a - b).abs().max() > 1e-3
 
 
-def test_exact_rows_must_be_a_tail_and_no_kv_hook(ids):
+def test_kv_hook_and_two_pass_selection_are_refused(ids):
     model = build("qwen3_next")
-    with pytest.raises(InputError, match="suffix of the prompt"):
-        prefill(model, ids, tail=4, exact_rows=[10], mode="identity", split=S, select=None)
+    maps = oracle_maps(model, ids[:1], S)
     with pytest.raises(InputError, match="kv_hook"):
         prefill_instrumented(model, ids, tail=4, mode="identity", split=S, kv_hook=lambda layer, k, v, f: (k, v), select=None)
-    prefill(model, ids, tail=4, exact_rows=[37], mode="identity", split=S, select=None)  # inside the tail: fine
+    for select in ("on", "two-pass"):
+        with pytest.raises(InputError, match="use the one-pass selection"):
+            prefill(model, ids[:1], maps, tail=4, select=select)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("mode", ["ridge", "identity", "none"])
+def test_exact_rows_inside_the_prompt_equal_the_recurrence_in_order(name, ids, mode):
+    """Exact rows anywhere: each late recurrent layer runs filled runs and exact runs in order. With the
+    oracle maps every filled row's late-layer input is exact, so the exact rows' logits and the cache equal
+    exact prefill's; other modes equal the same fill computed run by run with a tail (``check``)."""
+    model = build(name)
+    one = ids[:1]
+    rows = [5, 6, 7, 20, 31]
+    maps = oracle_maps(model, one, S) if mode == "ridge" else None
+    res = prefill_instrumented(model, one, maps, tail=4, exact_rows=rows, mode=mode, split=S, logits="exact",
+                               select=None)
+    assert res.exact_positions.tolist() == rows + list(range(N - 4, N))
+    if mode == "ridge":
+        exact = prefill_instrumented(model, one, tail=N, mode="exact", logits="exact", select=None)
+        torch.testing.assert_close(res.logits, exact.logits[:, res.exact_positions], rtol=0, atol=2e-5)
+        assert_cache_close(res.cache, exact.cache, atol=2e-5)
+    else:  # the first exact run (5..7) is the tail of the prompt cut after row 7
+        cut = prefill_instrumented(model, one[:, :8], tail=3, mode=mode, split=S, logits="exact", select=None)
+        torch.testing.assert_close(res.logits[:, :3], cut.logits, rtol=0, atol=1e-5)
+        plain = prefill_instrumented(model, one, tail=4, mode=mode, split=S, logits="exact", select=None)
+        assert (res.logits[:, -1] - plain.logits[:, -1]).abs().max() > 1e-4  # the exact rows changed the state
+
+
+LONG = 160
+
+
+@pytest.fixture(scope="module")
+def repeat_ids():
+    """A prompt whose tail (its last 16 rows) repeats rows 60..67 of the filled region."""
+    ids = torch.randint(3, VOCAB, (1, LONG), generator=torch.Generator().manual_seed(7))
+    ids[0, LONG - 12:LONG - 4] = ids[0, 60:68]
+    return ids
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_default_selection_is_one_pass_and_equals_its_rows_given_as_exact_rows(name, repeat_ids):
+    """``select`` left at its default on a hybrid model runs the one-pass selection; its prefill equals the
+    prefill with the chosen rows given as ``exact_rows`` (the same computation: logits bit for bit); the
+    repeated span's rows are chosen."""
+    model = build(name)
+    maps = oracle_maps(model, repeat_ids, S)  # not interpolating at 160 rows: a fitted-like map
+    res = prefill_instrumented(model, repeat_ids, maps, tail=16, logits="exact")
+    chosen = res.selected.tolist()
+    assert chosen and set(range(60, 68)) & set(chosen) and max(chosen) < LONG - 16
+    same = prefill_instrumented(model, repeat_ids, maps, tail=16, exact_rows=chosen, logits="exact", select=None)
+    assert torch.equal(res.exact_positions, same.exact_positions)
+    torch.testing.assert_close(res.logits, same.logits, rtol=0, atol=1e-6)
+    assert_cache_close(res.cache, same.cache, atol=1e-6)
+    assert torch.equal(prefill(model, repeat_ids, maps, tail=16, select="one-pass").selected, res.selected)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

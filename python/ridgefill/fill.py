@@ -144,6 +144,20 @@ def _runs(rows: np.ndarray) -> list[tuple[int, int]]:
     return [(int(r[0]), int(r[-1]) + 1) for r in np.split(rows, cut)]
 
 
+def _segments(exact: np.ndarray, n: int) -> list[tuple[int, int, bool]]:
+    """Positions ``0..n-1`` as maximal runs ``[(start, stop, is_exact), ...]`` in order, ``exact`` the sorted
+    host exact rows."""
+    out, at = [], 0
+    for start, stop in _runs(exact):
+        if start > at:
+            out.append((at, start, False))
+        out.append((start, stop, True))
+        at = stop
+    if at < n:
+        out.append((at, n, False))
+    return out
+
+
 def _rows(x: Tensor, host: np.ndarray, index: Tensor, dim: int) -> Tensor:
     """``x`` restricted to the rows ``index`` (device) along ``dim``, ``host`` the same rows on the host: a
     view when they are one run of consecutive positions."""
@@ -248,7 +262,7 @@ def prefill_instrumented(model: torch.nn.Module, input_ids: Tensor, maps: RidgeM
         raise InputError(f"input_ids must be an int64 tensor [batch, rows]; got {got}")
     if maps is not None and not isinstance(maps, RidgeMaps):
         raise InputError(f"maps must be a RidgeMaps (ridgefill.load_maps) or None; got {type(maps).__name__}")
-    select = None if mode == "exact" else resolve_select(select, maps)
+    select = None if mode == "exact" else resolve_select(select, maps, bool(adapter_for(model).recurrent_layers))
     if select is not None and mode == "none" and any(p.by in ("attention", "predicted") for p in as_selection(select).parts):
         raise InputError(f"select {select} has attention parts, which score the filled rows' late-layer K/V; mode "
                          "'none' writes none: pass select='off' (or make every part by='leverage' or 'ngram')")
@@ -287,11 +301,14 @@ def prefill_instrumented(model: torch.nn.Module, input_ids: Tensor, maps: RidgeM
                          "(at least one late layer)")
     recurrent = adapter.recurrent_layers  # hybrid models: layers with a recurrent state, not K/V
     if recurrent:
-        adapter.check_exact_rows(n, ex)
-        if kv_hook is not None or select is not None or (mode == "ridge" and maps.kind != "inputs"):
-            raise InputError(f"this model has recurrent-state layers ({list(recurrent)}): row selection, kv_hook "
-                             "(splice tests) and K/V maps cover attention layers only; pass select='off' "
-                             "(--select off) and use input maps")
+        if kv_hook is not None or (mode == "ridge" and maps.kind != "inputs"):
+            raise InputError(f"this model has recurrent-state layers ({list(recurrent)}): kv_hook (splice tests) "
+                             "and K/V maps cover attention layers only; use input maps")
+        if select is not None and as_selection(select).passes > 1:
+            raise InputError(f"this model has recurrent-state layers ({list(recurrent)}), whose state advances once "
+                             f"over the rows in order, so rows cannot become exact after a first pass: select "
+                             f"{select} has attention parts scored after one; use the one-pass selection "
+                             "(select='one-pass', or 'auto'), or select='off'")
     if uses_leverage(select):  # the query-agnostic part scores with the calibration covariance
         check_leverage_stats(select, maps)
         maps.check_model(model, split)
@@ -351,11 +368,16 @@ def _bind(result: PrefillResult, exact: np.ndarray, ids: np.ndarray) -> PrefillR
     return result
 
 
-def resolve_select(select, maps: RidgeMaps | None):
+def resolve_select(select, maps: RidgeMaps | None, recurrent: bool = False):
     """``select`` as :func:`prefill` reads it: ``"auto"`` is the setting recorded in ``maps`` (``ridgefill tune``
-    writes it, :attr:`RidgeMaps.select`), else ``"on"``; anything else as :func:`~ridgefill.select.as_select`."""
+    writes it, :attr:`RidgeMaps.select`), else ``"on"`` (two-pass), or ``"one-pass"`` on a model with
+    recurrent-state layers (``recurrent``), where a recorded setting is used if it runs one pass; anything else
+    as :func:`~ridgefill.select.as_select`."""
     if isinstance(select, str) and select.strip() == "auto":
-        select = maps.select if maps is not None and maps.select is not None else "on"
+        recorded = as_select(maps.select) if maps is not None and maps.select is not None else None
+        if recorded is not None and (not recurrent or as_selection(recorded).passes == 1):
+            return recorded
+        return as_select("one-pass" if recurrent else "on")
     return as_select(select)
 
 
@@ -436,7 +458,8 @@ class _LateLayers:
         new = h.new_empty if self.fast and not (none or sliding) else h.new_zeros
         self.keys = [new(shape) if att else None for att in self.attention]
         self.values = [new(shape) if att else None for att in self.attention]
-        self.have = np.zeros((len(late), n), dtype=bool)  # rows holding K/V (or having advanced the state)
+        self.have = np.zeros((len(late), n), dtype=bool)  # rows holding K/V
+        self.advanced: set[int] = set()  # recurrent late layers whose state has advanced over the prompt
         self.device = h.device
 
     def _predicted(self, i: int, rows: Tensor) -> Tensor:
@@ -502,10 +525,7 @@ class _LateLayers:
         for i in range(start, stop):
             layer = self.late[i]
             if not self.attention[i]:
-                if filled.size and not self.none and not self.have[i].any():
-                    self.adapter.advance_state(layer, self._predicted(i, _on(self.device, filled)), self.state)
-                    self.have[i, filled] = True
-                x = self.adapter.layer(layer, x, rope, index, self.state, None, host=exact)
+                x = self._recurrent(i, x, exact, filled, rope, index)
                 continue
             x_in = x
             x = self.adapter.layer(layer, x, rope, index, self.keys[i], self.values[i], visible=visible, host=exact)
@@ -514,6 +534,30 @@ class _LateLayers:
                 scorer.add(layer, x_in[:, -q:], rope.rows(slice(-q, None)), index[-q:], self.keys[i], visible,
                            host=exact[-q:])
         return x
+
+    def _recurrent(self, i: int, x: Tensor, exact: np.ndarray, filled: np.ndarray, rope, index: Tensor) -> Tensor:
+        """Recurrent late layer ``i``: its state advances once over the rows in order, a run of filled rows
+        from their predicted inputs (mode ``"none"``: not at all), a run of exact rows (input ``x``, their
+        slice of ``[batch, E, d]``) through the layer, whose outputs are returned ``[batch, E, d]``."""
+        layer, ad = self.late[i], self.adapter
+        if i in self.advanced:
+            raise InputError(f"recurrent-state layer {layer} already advanced over the prompt: its rows cannot run "
+                             "again (use one-pass selection)")
+        self.advanced.add(i)
+        if self.none or filled.size == 0 or filled[-1] < exact[0]:  # the filled rows (if any) come first
+            if filled.size and not self.none:
+                ad.advance_state(layer, self._predicted(i, _on(self.device, filled)), self.state)
+            return ad.layer(layer, x, rope, index, self.state, None, host=exact)
+        out, j = [], 0
+        for start, stop, is_exact in _segments(exact, self.h.shape[1]):
+            if is_exact:
+                k = j + stop - start
+                out.append(ad.layer(layer, x[:, j:k], rope.rows(slice(j, k)), index[j:k], self.state, None,
+                                    host=exact[j:k]))
+                j = k
+            else:
+                ad.advance_state(layer, self._predicted(i, _on(self.device, np.arange(start, stop))), self.state)
+        return torch.cat(out, dim=1)
 
     def up_front_scores(self, planner: Planner, maps: RidgeMaps | None, exact: np.ndarray,
                         induction: Tensor | None) -> dict[int, Tensor]:

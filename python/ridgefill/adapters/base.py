@@ -227,7 +227,7 @@ class DecoderAdapter:
     def is_recurrent(self, layer: int) -> bool:
         """Whether ``layer`` keeps a recurrent state instead of K/V (``False`` unless a hybrid adapter
         says so; see :class:`~ridgefill.adapters.hybrid.HybridAdapter` for ``new_state``,
-        ``advance_state`` and ``check_exact_rows``)."""
+        and ``advance_state``)."""
         return layer in self.recurrent_layers
 
     def new_cache(self):

@@ -20,9 +20,12 @@ through the layer's own input norm, projections, convolution, gates and delta-ru
 library's reference torch kernels); their outputs are not used (the chunked kernel computes the
 core outputs as a by-product; the gated norm, ``out_proj``, residual and MLP are not run for them).
 The exact rows then run the model's own decoder layer, continuing from that state
-(:meth:`HybridAdapter.layer`), exactly as ``transformers`` continues a prefill in chunks. Because a
-recurrent state is a running summary, exact rows must be a suffix of the prompt (the tail): other
-``exact_rows`` are refused (:meth:`HybridAdapter.check_exact_rows`).
+(:meth:`HybridAdapter.layer`), exactly as ``transformers`` continues a prefill in chunks. Exact rows
+inside the prompt (``exact_rows``, row selection) split the rows into runs taken in order: a run of
+filled rows advances the state from its predicted inputs, a run of exact rows runs the decoder layer
+from the state the rows before it left. A recurrent state is a running summary, so each late layer's
+state is advanced once, over the rows in order: the exact rows must be known before the late layers
+run (one-pass selection; a selection that reruns rows after a first pass is refused).
 
 Splice tests of the state (:func:`ridgefill.evaluate.splice.splice_variants`, component ``"state"``):
 inside :meth:`HybridAdapter.spliced_states`, :meth:`HybridAdapter.advance_state` loads given exact
@@ -87,20 +90,6 @@ class HybridAdapter(QKNorm, LlamaAdapter):
 
         return DynamicCache(config=self.config)
 
-    def check_exact_rows(self, num_rows: int, exact_positions: np.ndarray) -> None:
-        """Exact rows must be the last ``len(exact_positions)`` rows (a tail): a recurrent state is a
-        running summary, so a filled row after an exact row would have to advance a state the exact row
-        already read.
-
-        Raises:
-            InputError: ``exact_positions`` is not ``num_rows - E .. num_rows - 1``.
-        """
-        exact_positions = np.asarray(exact_positions)
-        if not np.array_equal(exact_positions, np.arange(num_rows - exact_positions.size, num_rows)):
-            raise InputError(
-                f"this model has recurrent-state (linear-attention) layers {list(self.recurrent_layers)}: its exact "
-                "rows must be a suffix of the prompt (the tail). Drop exact_rows and use a longer tail instead")
-
     def _kernels(self, module):
         mod = sys.modules[type(module).__module__]
         return mod.causal_conv1d_fn, mod.torch_chunk_gated_delta_rule
@@ -117,24 +106,25 @@ class HybridAdapter(QKNorm, LlamaAdapter):
     @torch.no_grad()
     def advance_state(self, layer: int, x: Tensor, state) -> None:
         """Advance recurrent ``layer``'s conv and delta-rule states in ``state`` (a :meth:`new_state`
-        cache, not yet advanced in this layer) over rows whose layer input is ``x`` ``[batch, rows,
-        hidden]``, the first rows of the prompt, through the layer's input norm, projections,
-        convolution, gates and chunked delta-rule kernel, as the layer's own forward does; no output
-        is computed beyond the kernel's by-product. Inside :meth:`spliced_states` a layer it names gets
-        the given states instead (``x`` is then only checked for its batch size).
+        cache) over rows whose layer input is ``x`` ``[batch, rows, hidden]``, the rows that follow those
+        already in the state, through the layer's input norm, projections, convolution, gates and chunked
+        delta-rule kernel, as the layer's own forward does; no output is computed beyond the kernel's
+        by-product. Inside :meth:`spliced_states` a layer it names gets the given states instead (``x``
+        is then only checked for its batch size; the layer's state must not be advanced yet).
 
         Raises:
-            ValueError: ``layer`` is not a recurrent layer, or its state was already advanced, or a
-                spliced state's batch differs from ``x``'s.
+            ValueError: ``layer`` is not a recurrent layer, a spliced layer's state was already advanced,
+                or a spliced state's batch differs from ``x``'s.
         """
         if not self.is_recurrent(layer):
             raise ValueError(f"layer {layer} is not a recurrent-state layer")
-        entry = state.layers[layer]
-        if any(entry.has_previous_state.values()):
-            raise ValueError(f"the state of layer {layer} was already advanced; filled rows come first")
+        started = any(state.layers[layer].has_previous_state.values())
         block = self.body.layers[layer]
         la = block.linear_attn
         if layer in self._spliced:
+            if started:
+                raise ValueError(f"the state of layer {layer} was already advanced; a spliced state replaces the "
+                                 "filled rows' state before any row runs")
             conv, rec = self._spliced[layer]
             if conv.shape[0] != x.shape[0] or rec.shape[0] != x.shape[0]:
                 raise ValueError(f"spliced states of layer {layer} have batch {conv.shape[0]}, the rows {x.shape[0]}")
@@ -153,7 +143,8 @@ class HybridAdapter(QKNorm, LlamaAdapter):
         v = v.reshape(v.shape[0], rows, -1, la.head_v_dim)
         beta = b.sigmoid()
         g = -la.A_log.float().exp() * F.softplus(a.float() + la.dt_bias)
-        _, final = rule(q, k, v, g=g, beta=beta, initial_state=None, output_final_state=True,
+        initial = state.get_recurrent_state(layer, state_idx=0) if started else None
+        _, final = rule(q, k, v, g=g, beta=beta, initial_state=initial, output_final_state=True,
                         use_qk_l2norm_in_kernel=True)
         state.update_recurrent_state(final, layer)
 
