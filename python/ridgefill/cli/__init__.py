@@ -345,7 +345,18 @@ def main(argv: list[str] | None = None) -> int:
     except RidgeFillError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as e:
+        if e.name not in FULL_MODULES:
+            raise
+        print(f"error: `ridgefill {args.command}` needs {e.name}, which ridgefill installs with its `full` extra: "
+              "pip install 'ridgefill[full]' (from the repository: pip install -e '.[full]')", file=sys.stderr)
+        return 2
     return 0
+
+
+#: The modules of the ``full`` extra's packages (pyproject.toml): without them ``ridgefill`` holds the maps reader
+#: and row selection only.
+FULL_MODULES = {"transformers", "tokenizers", "gguf", "matplotlib", "accelerate", "flint"}
 
 
 if __name__ == "__main__":
