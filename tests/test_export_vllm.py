@@ -79,6 +79,22 @@ def test_refusals(model_and_maps, tmp_path):
     (other / "config.json").write_text(json.dumps(dict(config, architectures=["GPT2LMHeadModel"])))
     with pytest.raises(InputError, match="no RidgeFill class"):
         export_vllm(other, maps, tmp_path / "new")
+    (other / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "architectures"} |
+                                                  {"model_type": "gpt2"}))
+    with pytest.raises(InputError, match="0 architectures .* model_type 'gpt2'.*served: LlamaForCausalLM"):
+        export_vllm(other, maps, tmp_path / "new")
+
+
+def test_a_config_without_architectures_gets_the_class_of_its_model_type(model_and_maps, tmp_path):
+    """A config that names no architecture (a copy saved from a GGUF file, the bundled model's) gets the class serving
+    its model_type."""
+    folder, maps = model_and_maps
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    config = json.loads((folder / "config.json").read_text())
+    (bare / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "architectures"}))
+    out = export_vllm(bare, maps, tmp_path / "served")
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["RidgeFillLlamaForCausalLM"]
 
 
 def test_cli(model_and_maps, tmp_path, capsys):

@@ -3,7 +3,8 @@
 :func:`export_vllm` writes a Hugging Face model folder that ``vllm serve FOLDER`` (with the ``ridgefill-vllm``
 plugin installed) serves with the fill, with no ``--hf-overrides``: the model's files, the maps file beside them
 (``ridgefill-maps.safetensors``), and a ``config.json`` whose ``architectures`` names the plugin's RidgeFill class
-(``RidgeFill<Arch>``, :data:`VLLM_ARCHITECTURES`) and whose ``ridgefill`` entry holds the settings the plugin reads:
+(``RidgeFill<Arch>``, :data:`VLLM_ARCHITECTURES`; for a config that names none, the architecture serving its
+``model_type``) and whose ``ridgefill`` entry holds the settings the plugin reads:
 ``maps`` (the file's name: the plugin looks for a relative path in the model folder), ``tail`` and ``select``
 (docs/vllm.md). Weight files are hard links to the model's when the two folders share a file system, copies
 otherwise. The folder is built beside ``out`` and renamed onto it when complete.
@@ -22,10 +23,13 @@ from . import defaults
 from .errors import InputError
 from .fileio import atomic_write
 
-#: The vLLM architectures (``config.json`` ``architectures``) the plugin has a RidgeFill class for; the class's
-#: register name is ``"RidgeFill" + architecture`` (the plugin's ``ridgefill_vllm.SERVED`` is built from this).
-VLLM_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
-                      "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Qwen3NextForCausalLM")
+#: The vLLM architectures (``config.json`` ``architectures``) the plugin has a RidgeFill class for, each with the
+#: checkpoints' ``model_type`` values it serves; the class's register name is ``"RidgeFill" + architecture`` (the
+#: plugin's ``ridgefill_vllm.SERVED`` and its families' ``model_types`` are built from this).
+VLLM_ARCHITECTURES = {"LlamaForCausalLM": ("llama",), "MistralForCausalLM": ("mistral",), "Phi3ForCausalLM": ("phi3",),
+                      "Qwen2ForCausalLM": ("qwen2",), "Qwen3ForCausalLM": ("qwen3",),
+                      "Qwen3MoeForCausalLM": ("qwen3_moe",), "Gemma3ForCausalLM": ("gemma3_text",),
+                      "Qwen3NextForCausalLM": ("qwen3_next",)}
 #: The maps file's name in the exported folder.
 MAPS_NAME = "ridgefill-maps.safetensors"
 #: Files at least this large are hard-linked rather than copied where the file system allows.
@@ -53,7 +57,7 @@ def export_vllm(model_dir: str | os.PathLike, maps_path: str | os.PathLike, out:
     Raises:
         InputError: ``out`` exists, ``tail`` is not a whole number ≥ 1, ``select`` is not a spec
             (:func:`ridgefill.select.as_select`) or has a query-agnostic part (the plugin refuses it), ``model_dir`` has no ``config.json`` or an architecture the
-            plugin does not serve, or the maps do not fit the model (hidden size, layer count).
+            plugin does not serve (or none, and a ``model_type`` none serves), or the maps do not fit the model (hidden size, layer count).
         MapsFormatError: a bad maps file (:func:`ridgefill.maps.load_maps`).
         WriteError: the folder cannot be written.
     """
@@ -68,9 +72,12 @@ def export_vllm(model_dir: str | os.PathLike, maps_path: str | os.PathLike, out:
         raise InputError(f"{str(model_dir)!r} has no config.json: give a Hugging Face model folder (`ridgefill "
                          "convert --model MODEL` prints the one a bundled model or a GGUF file loads from)")
     config = json.loads(config_path.read_text())
-    archs = config.get("architectures") or []
+    archs = config.get("architectures") or [a for a, types in VLLM_ARCHITECTURES.items()
+                                            if config.get("model_type") in types]
     if len(archs) != 1:
-        raise InputError(f"{str(config_path)!r} names {len(archs)} architectures ({archs}); the export needs one")
+        raise InputError(f"{str(config_path)!r} names {len(archs)} architectures ({archs}) and model_type "
+                         f"{config.get('model_type')!r}: the export needs one architecture (served: "
+                         f"{', '.join(VLLM_ARCHITECTURES)})")
     config["architectures"] = [vllm_class(archs[0])]
 
     from .maps import load_maps  # heavy: torch
