@@ -8,6 +8,8 @@ are registered with ``conftest.bundled_engine`` and run with those of ``test_equ
 process.
 """
 
+import re
+
 import pytest
 
 from conftest import bundled_engine
@@ -38,7 +40,7 @@ def _engine(name, engine, prompts=None, **extra):
 
 #: Selection on, chunked prefill off: each prompt in one step (the 700-token one alone, then the other two
 #: together beside its decoding).
-_engine("select", {})
+_engine("select", {}, fill_state=True)
 #: Selection on, chunked prefill at 256 tokens per step: the 700-token prompt selects in its third chunk, over rows
 #: of the two before; the others are chunked beside it and beside decoding tokens.
 _engine("select-chunked", {"enable_chunked_prefill": True, "max_num_batched_tokens": 256})
@@ -145,3 +147,24 @@ def test_prefix_caching_with_selection_shares_no_filled_block_and_equals_the_ref
     refs = [p["select"] for p in reference["prefix_sequence"]]
     assert [tuple(r) for r in _selected(prefix_select["steps"])] == [tuple(r["selected"]) for r in refs]
     _assert_equals_reference(prefix_select, refs)
+
+
+_REQUEST_LINE = re.compile(r"RidgeFill: request (\S+): prompt (\d+) tokens, (\d+) filled rows, (\d+) exact rows "
+                           r"\(tail (\d+), chosen (\d+)\)(?:, selection ([\d.]+) ms)?$")
+
+
+def test_each_request_logs_its_filled_exact_and_chosen_rows(reference, select_whole, bundled):
+    """vLLM's log gets one line per request when its prompt is prefilled: its filled and exact rows, the tail and
+    the rows selection chose (the reference's count), and the time of the selection step; without selection, no time
+    and no chosen rows."""
+    tail = reference["tail"]
+    for run, refs in ((select_whole, [p["select"] for p in reference["prompts"]]), (bundled["fill"], None)):
+        got = sorted((int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]), m[7])
+                     for m in map(_REQUEST_LINE.match, run["request_log"]))
+        want = []
+        for i, p in enumerate(reference["prompts"]):
+            n, k = len(p["ids"]), 0 if refs is None else len(refs[i]["selected"])
+            want.append((n, n - tail - k, tail + k, tail, k))
+        assert [g[:5] for g in got] == sorted(want)
+        assert all((g[5] is None) == (refs is None) for g in got)
+        assert refs is None or all(float(g[5]) > 0 for g in got)

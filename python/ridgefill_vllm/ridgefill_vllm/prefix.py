@@ -52,6 +52,7 @@ def set_engine_fill(model_config) -> None:
     """Record the fill the engine serves (from ``hf_config.ridgefill``), or ``None`` without maps."""
     global _ENGINE_FILL
     from . import serves_fill
+    from .maps import resolve_maps_path
     from .selection import DEFAULT_SELECT, selection_off
 
     if not serves_fill(model_config):
@@ -60,7 +61,8 @@ def set_engine_fill(model_config) -> None:
     cfg = model_config.hf_config.ridgefill
     tail = cfg.get("tail", DEFAULT_TAIL)
     selects = not selection_off(cfg.get("select", DEFAULT_SELECT))
-    _ENGINE_FILL = (maps_identity(str(cfg["maps"])), tail, selects) if isinstance(tail, int) else None
+    path = resolve_maps_path(cfg["maps"], model_config.model)
+    _ENGINE_FILL = (maps_identity(path), tail, selects) if isinstance(tail, int) else None
 
 
 def fill_block_key(num_prompt: int, start: int, end: int, ident: str, tail: int,

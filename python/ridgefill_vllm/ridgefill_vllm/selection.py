@@ -9,7 +9,8 @@ late layers again without their lower layers (whose K/V are in the cache):
 
 1. The lexical part chooses rows from the prompt's token ids (before the late layers).
 2. Pass 1: the tail and those rows run the late layers, as pseudo-requests (one per run of consecutive
-   rows, with the request's block table and the sequence length ending at the run; :func:`span_metadata`),
+   rows, with the request's block table and the sequence length ending at the run;
+   :func:`ridgefill_vllm.plan.runs_metadata`),
    while the attention parts record, in each late layer, the attention of the last exact rows over the
    request's keys, read from the paged KV cache (:class:`KeyReader`) after the layer wrote them.
 3. The attention parts choose; if rows were added, pass 2 runs the tail and every chosen row through the
@@ -100,14 +101,16 @@ def selecting_requests(plan, tail: int) -> list[SelectingRequest]:
 class SplitStates:
     """The split state ``h_S`` of every computed token, by KV-cache slot: ``[slots, d]`` in the model's
     dtype, allocated at the first step with filled tokens (one ``d``-vector per KV-cache slot; beside a
-    late layer's K/V, which hold ``2 · kv_heads · head_dim`` values per slot per layer)."""
+    late layer's K/V, which hold ``2 · kv_heads · head_dim`` values per slot per layer; reserved when vLLM sizes
+    the KV pool, :func:`ridgefill_vllm.memory.fill_bytes_per_block`)."""
 
     def __init__(self):
         self.h: Tensor | None = None
 
-    def write(self, slots: Tensor, h: Tensor, num_slots: int) -> None:
-        if self.h is None:
-            self.h = h.new_zeros((num_slots, h.shape[-1]))
+    def allocate(self, num_slots: int, like: Tensor) -> None:
+        self.h = like.new_zeros((num_slots, like.shape[-1]))
+
+    def write(self, slots: Tensor, h: Tensor) -> None:
         self.h[slots] = h
 
     def read(self, slots: Tensor) -> Tensor:
@@ -133,12 +136,6 @@ class ChosenRows:
             self.rows.popitem(last=False)
 
 
-def slots_of(block_table_row: Tensor, positions: Tensor, block_size: int) -> Tensor:
-    """KV-cache slots of ``positions`` (int64) of a request with block table row ``block_table_row``."""
-    blocks = block_table_row.to(torch.int64)[positions // block_size]
-    return blocks * block_size + positions % block_size
-
-
 def spans(positions: Tensor) -> list[tuple[int, int]]:
     """Maximal runs of consecutive values of sorted ``positions``, as ``(start, end)`` (``end`` exclusive)."""
     p = positions.tolist()
@@ -150,41 +147,6 @@ def spans(positions: Tensor) -> list[tuple[int, int]]:
             out.append((start, v + 1))
             start = None
     return out
-
-
-def span_metadata(common, reqs: list[int], runs: list[tuple[int, int]], slots: Tensor, positions: Tensor):
-    """vLLM ``CommonAttentionMetadata`` for late-layer runs: run ``i`` holds positions ``runs[i]`` of the
-    request in batch row ``reqs[i]``, with that request's block table and sequence length ``runs[i][1]``
-    (its queries attend causally to the request's cache up to the run's end). ``slots``/``positions``:
-    the runs' tokens in order."""
-    import dataclasses
-
-    idx = torch.tensor(reqs, dtype=torch.int64)
-    q = torch.tensor([e - s for s, e in runs], dtype=torch.int64)
-    ends = torch.tensor([e for _, e in runs], dtype=torch.int64)
-    qsl = torch.zeros(len(runs) + 1, dtype=torch.int64)
-    qsl[1:] = torch.cumsum(q, 0)
-    qsl = qsl.to(common.query_start_loc_cpu.dtype)
-    seq = ends.to(common.seq_lens.dtype)
-
-    def rows(x):
-        if x is None:
-            return None
-        return x[idx.to(x.device)] if isinstance(x, Tensor) else x[idx.numpy()]
-
-    return dataclasses.replace(
-        common, query_start_loc=qsl.to(common.query_start_loc.device), query_start_loc_cpu=qsl,
-        seq_lens=seq.to(common.seq_lens.device), num_reqs=len(runs), num_actual_tokens=int(qsl[-1]),
-        max_query_len=int(q.max()), max_seq_len=int(ends.max()), block_table_tensor=rows(common.block_table_tensor),
-        slot_mapping=slots, positions=positions,
-        causal=rows(common.causal) if isinstance(common.causal, Tensor) else common.causal,
-        encoder_seq_lens=rows(common.encoder_seq_lens), encoder_seq_lens_cpu=rows(common.encoder_seq_lens_cpu),
-        dcp_local_seq_lens=None, dcp_local_seq_lens_cpu_upper_bound=None,
-        seq_lens_cpu_upper_bound=seq.clone(), is_prefilling=torch.ones(len(runs), dtype=torch.bool,
-                                                                        device=common.seq_lens.device),
-        req_idx=rows(common.req_idx), rswa_prefix_lens=rows(common.rswa_prefix_lens),
-        replayssm_decode_base_cpu=rows(common.replayssm_decode_base_cpu),
-        _num_computed_tokens_cache=None, _token_to_req_indices_cache=None)
 
 
 @functools.cache

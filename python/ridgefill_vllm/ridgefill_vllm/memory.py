@@ -1,0 +1,76 @@
+"""What the fill keeps per KV block, reserved when vLLM sizes its KV pool.
+
+vLLM gives the KV cache the memory left after its profiling of the model (``gpu_memory_utilization``), or the
+amount set by ``kv_cache_memory_bytes`` (``VLLM_CPU_KVCACHE_SPACE`` on CPU), and divides it into blocks of
+``B`` bytes (every layer's K/V of ``block_size`` tokens). The fill keeps, for the whole pool, what a later step reads
+(:func:`fill_bytes_per_block`: ``E`` bytes per block): with row selection every token's split state ``h_S``
+(:class:`ridgefill_vllm.selection.SplitStates`), for the plain fill the carried split states of context maps
+(:class:`ridgefill_vllm.plan.CarriedStates`). :func:`install_memory_hook` makes vLLM divide that memory into blocks
+of ``B + E`` bytes, so the pool has ``⌊memory / (B + E)⌋`` blocks and the fill's states fit in the rest; the checks of
+whether ``max_model_len`` fits count ``B + E`` per block too. With ``num_gpu_blocks_override`` the pool keeps that
+number of blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Bytes of the slot tag kept beside each carried split state (int64).
+_TAG_BYTES = 8
+
+
+def fill_bytes_per_block(vllm_config, block_size: int) -> int:
+    """``E``: bytes the fill keeps per KV block of ``block_size`` tokens for the engine ``vllm_config`` serves: with row
+    selection ``block_size · d`` values of the model dtype (``h_S`` by KV slot), for the plain fill ``d`` values and an
+    int64 slot (one carried ``h_S`` per block; reserved whether or not the maps read context), 0 without maps.
+    ``d``: the hidden size, the same on every tensor-parallel rank (the split states are not sharded)."""
+    from . import serves_fill
+    from .selection import DEFAULT_SELECT, selection_off
+
+    model_config = vllm_config.model_config
+    if not serves_fill(model_config):
+        return 0
+    d = model_config.get_hidden_size()
+    value = torch.empty(0, dtype=model_config.dtype).element_size()
+    if selection_off(model_config.hf_config.ridgefill.get("select", DEFAULT_SELECT)):
+        return d * value + _TAG_BYTES
+    return block_size * d * value
+
+
+def _block_size(kv_cache_groups) -> int:
+    """The largest block size of the groups (the fill keeps its states by the slots of its first late attention
+    layer's group)."""
+    return max((getattr(g.kv_cache_spec, "block_size", 1) for g in kv_cache_groups), default=1)
+
+
+def install_memory_hook() -> bool:
+    """Wrap vLLM's KV-pool sizing (``vllm.v1.core.kv_cache_utils``: ``get_kv_cache_config_from_groups``, which divides
+    the memory into blocks, and ``_pool_bytes_per_block``, which the override, the null block and the
+    ``max_model_len`` checks count with) so that each block counts ``B + E`` bytes (:func:`fill_bytes_per_block`).
+    Safe to call more than once. Returns whether the hook is installed (``False``: a vLLM without those functions)."""
+    try:
+        from vllm.v1.core import kv_cache_utils as kcu
+    except ImportError:
+        return False
+    needed = ("get_kv_cache_config_from_groups", "_pool_bytes_per_block", "_get_kv_cache_bytes_per_block")
+    if not all(hasattr(kcu, name) for name in needed):
+        return False
+    config_from_groups, pool_bytes = kcu.get_kv_cache_config_from_groups, kcu._pool_bytes_per_block
+    if getattr(config_from_groups, "_ridgefill", False):
+        return True
+
+    def get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory):
+        extra = fill_bytes_per_block(vllm_config, _block_size(kv_cache_groups)) if kv_cache_groups else 0
+        if extra:
+            layout = vllm_config.cache_config.get_resolved_kv_cache_layout()
+            b = kcu._get_kv_cache_bytes_per_block(kv_cache_groups, layout)
+            available_memory = available_memory // (b + extra) * b  # the pool: ⌊memory / (B + E)⌋ blocks of B bytes
+        return config_from_groups(vllm_config, kv_cache_groups, available_memory)
+
+    def _pool_bytes_per_block(vllm_config, kv_cache_groups):
+        return pool_bytes(vllm_config, kv_cache_groups) + fill_bytes_per_block(vllm_config, _block_size(kv_cache_groups))
+
+    get_kv_cache_config_from_groups._ridgefill = True
+    kcu.get_kv_cache_config_from_groups = get_kv_cache_config_from_groups
+    kcu._pool_bytes_per_block = _pool_bytes_per_block
+    return True
