@@ -43,34 +43,60 @@ def _block_size(kv_cache_groups) -> int:
     return max((getattr(g.kv_cache_spec, "block_size", 1) for g in kv_cache_groups), default=1)
 
 
+#: The engine whose KV pool is being sized in this process (its ``VllmConfig``, recorded by the hook when the engine
+#: core initializes its KV caches), or ``None``.
+_ENGINE = None
+
+
 def install_memory_hook() -> bool:
     """Wrap vLLM's KV-pool sizing (``vllm.v1.core.kv_cache_utils``: ``get_kv_cache_config_from_groups``, which divides
     the memory into blocks, and ``_pool_bytes_per_block``, which the override, the null block and the
-    ``max_model_len`` checks count with) so that each block counts ``B + E`` bytes (:func:`fill_bytes_per_block`).
-    Safe to call more than once. Returns whether the hook is installed (``False``: a vLLM without those functions)."""
+    ``max_model_len`` checks count with) so that each block counts ``B + E`` bytes (:func:`fill_bytes_per_block`), and
+    ``EngineCore._initialize_kv_caches`` to record the engine being sized. ``_pool_bytes_per_block`` takes
+    ``(kv_cache_groups)`` in vLLM 0.31 and ``(vllm_config, kv_cache_groups)`` in 0.32. Safe to call more than once.
+    Returns whether the hook is installed (``False``: a vLLM without those functions)."""
     try:
         from vllm.v1.core import kv_cache_utils as kcu
+        from vllm.v1.engine.core import EngineCore
     except ImportError:
         return False
-    needed = ("get_kv_cache_config_from_groups", "_pool_bytes_per_block", "_get_kv_cache_bytes_per_block")
-    if not all(hasattr(kcu, name) for name in needed):
+    if not all(hasattr(kcu, name) for name in ("get_kv_cache_config_from_groups", "_pool_bytes_per_block")):
         return False
     config_from_groups, pool_bytes = kcu.get_kv_cache_config_from_groups, kcu._pool_bytes_per_block
     if getattr(config_from_groups, "_ridgefill", False):
         return True
 
+    def extra(groups) -> int:
+        return fill_bytes_per_block(_ENGINE, _block_size(groups)) if _ENGINE is not None and groups else 0
+
     def get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory):
-        extra = fill_bytes_per_block(vllm_config, _block_size(kv_cache_groups)) if kv_cache_groups else 0
-        if extra:
-            layout = vllm_config.cache_config.get_resolved_kv_cache_layout()
-            b = kcu._get_kv_cache_bytes_per_block(kv_cache_groups, layout)
-            available_memory = available_memory // (b + extra) * b  # the pool: ⌊memory / (B + E)⌋ blocks of B bytes
+        e = extra(kv_cache_groups)
+        if e:
+            b = pool_bytes(kv_cache_groups) if _one_argument(pool_bytes) else pool_bytes(vllm_config, kv_cache_groups)
+            available_memory = available_memory // (b + e) * b  # the pool: ⌊memory / (B + E)⌋ blocks of B bytes
         return config_from_groups(vllm_config, kv_cache_groups, available_memory)
 
-    def _pool_bytes_per_block(vllm_config, kv_cache_groups):
-        return pool_bytes(vllm_config, kv_cache_groups) + fill_bytes_per_block(vllm_config, _block_size(kv_cache_groups))
+    def _pool_bytes_per_block(*args):
+        return pool_bytes(*args) + extra(args[-1])
+
+    init = EngineCore._initialize_kv_caches
+
+    def _initialize_kv_caches(self, vllm_config, *args, **kwargs):
+        global _ENGINE
+        _ENGINE = vllm_config
+        try:
+            return init(self, vllm_config, *args, **kwargs)
+        finally:
+            _ENGINE = None
 
     get_kv_cache_config_from_groups._ridgefill = True
     kcu.get_kv_cache_config_from_groups = get_kv_cache_config_from_groups
     kcu._pool_bytes_per_block = _pool_bytes_per_block
+    EngineCore._initialize_kv_caches = _initialize_kv_caches
     return True
+
+
+def _one_argument(fn) -> bool:
+    import inspect
+
+    return len(inspect.signature(fn).parameters) == 1
