@@ -44,6 +44,8 @@ def test_the_folder_names_the_class_and_holds_the_settings_and_the_maps(model_an
     assert {k: v for k, v in config.items() if k not in ("architectures", "ridgefill")} == {
         k: v for k, v in original.items() if k != "architectures"}
     assert (out / MAPS_NAME).read_bytes() == maps.read_bytes()
+    # vLLM loads every *.safetensors file at the folder's top as weights: only the model's are there
+    assert sorted(p.name for p in out.glob("*.safetensors")) == sorted(p.name for p in folder.glob("*.safetensors"))
     for f in folder.iterdir():
         if f.name != "config.json":
             assert (out / f.name).read_bytes() == f.read_bytes(), f.name

@@ -1,8 +1,8 @@
 """A model folder that vLLM serves with the fill: ``ridgefill export-vllm``.
 
 :func:`export_vllm` writes a Hugging Face model folder that ``vllm serve FOLDER`` (with the ``ridgefill-vllm``
-plugin installed) serves with the fill, with no ``--hf-overrides``: the model's files, the maps file beside them
-(``ridgefill-maps.safetensors``), and a ``config.json`` whose ``architectures`` names the plugin's RidgeFill class
+plugin installed) serves with the fill, with no ``--hf-overrides``: the model's files, the maps file in a subfolder
+(``ridgefill/maps.safetensors``: vLLM loads every ``*.safetensors`` file of the folder itself as weights), and a ``config.json`` whose ``architectures`` names the plugin's RidgeFill class
 (``RidgeFill<Arch>``, :data:`VLLM_ARCHITECTURES`; for a config that names none, the architecture serving its
 ``model_type``) and whose ``ridgefill`` entry holds the settings the plugin reads:
 ``maps`` (the file's name: the plugin looks for a relative path in the model folder), ``tail`` and ``select``
@@ -30,8 +30,9 @@ VLLM_ARCHITECTURES = {"LlamaForCausalLM": ("llama",), "MistralForCausalLM": ("mi
                       "Qwen2ForCausalLM": ("qwen2",), "Qwen3ForCausalLM": ("qwen3",),
                       "Qwen3MoeForCausalLM": ("qwen3_moe",), "Gemma3ForCausalLM": ("gemma3_text",),
                       "Qwen3NextForCausalLM": ("qwen3_next",)}
-#: The maps file's name in the exported folder.
-MAPS_NAME = "ridgefill-maps.safetensors"
+#: The maps file's path in the exported folder: in a subfolder, since vLLM loads every ``*.safetensors`` file of a
+#: model folder without a weight index as weights.
+MAPS_NAME = "ridgefill/maps.safetensors"
 #: Files at least this large are hard-linked rather than copied where the file system allows.
 _LINK_BYTES = 1 << 20
 
@@ -103,6 +104,7 @@ def export_vllm(model_dir: str | os.PathLike, maps_path: str | os.PathLike, out:
             if f.name == "config.json" or not f.is_file():
                 continue
             _link_or_copy(f, tmp / f.name)
+        (tmp / MAPS_NAME).parent.mkdir()
         _link_or_copy(Path(maps_path), tmp / MAPS_NAME)
         atomic_write(tmp / "config.json", (json.dumps(config, indent=2) + "\n").encode())
         if json.loads((tmp / "config.json").read_text())["ridgefill"] != config["ridgefill"]:
