@@ -142,14 +142,15 @@ def test_prompt_logprobs_refused_with_http_400(server, reference):
 
 def test_the_exported_folder_names_the_class_and_the_settings(exported, reference):
     """What the server above read: the folder's config.json names the RidgeFill class and the settings, with the maps
-    file beside the model's other files (the weights: hard links where the file system allows, else copies)."""
+    file in a subfolder beside the model's other files (the weights: hard links where the file system allows, else
+    copies)."""
     config = json.loads((exported / "config.json").read_text())
     assert config["architectures"] == ["RidgeFillLlamaForCausalLM"]
-    assert config["ridgefill"] == {"maps": "ridgefill-maps.safetensors", "tail": reference["tail"], "select": "on"}
-    assert (exported / "ridgefill-maps.safetensors").read_bytes() == Path(reference["maps"]).read_bytes()
+    assert config["ridgefill"] == {"maps": "ridgefill/maps.safetensors", "tail": reference["tail"], "select": "on"}
+    assert (exported / "ridgefill" / "maps.safetensors").read_bytes() == Path(reference["maps"]).read_bytes()
     model = Path(reference["model_dir"])
     assert sorted(f.name for f in exported.iterdir()) == sorted([f.name for f in model.iterdir() if f.is_file()]
-                                                               + ["ridgefill-maps.safetensors"])
+                                                               + ["ridgefill"])
     for f in model.iterdir():
         if f.is_file() and f.name != "config.json":
             assert (exported / f.name).stat().st_size == f.stat().st_size, f.name
@@ -160,7 +161,7 @@ def test_the_server_log_has_a_line_per_prefilled_request(server, reference, work
     exact and chosen rows and the selection's time."""
     _complete(server, reference["prompts"][2]["ids"])
     out = (work_dir / "server.log").read_text()
-    assert "RidgeFill: maps " in out and "ridgefill-maps.safetensors" in out
+    assert "RidgeFill: maps " in out and "ridgefill/maps.safetensors" in out
     n = len(reference["prompts"][2]["ids"])
     assert f"prompt {n} tokens" in out and f"exact rows (tail {reference['tail']}, chosen" in out and "selection " in out
 

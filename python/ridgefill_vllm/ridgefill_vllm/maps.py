@@ -89,7 +89,7 @@ class FillMaps:
 def resolve_maps_path(path: str | os.PathLike, model_dir: str | os.PathLike | None) -> str:
     """The maps file the ``ridgefill`` setting ``maps`` names: ``~`` expanded; a relative path is the model folder's
     file when ``model_dir`` (the served model's folder) holds it (``ridgefill export-vllm`` writes
-    ``"maps": "ridgefill-maps.safetensors"`` beside the weights), otherwise relative to the working directory."""
+    ``"maps": "ridgefill/maps.safetensors"``), otherwise relative to the working directory."""
     p = os.path.expanduser(str(path))
     if not os.path.isabs(p) and model_dir is not None and os.path.isfile(os.path.join(str(model_dir), p)):
         return os.path.join(str(model_dir), p)
