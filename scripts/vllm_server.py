@@ -25,9 +25,9 @@ def free_port() -> int:
 
 def start(args: list[str], port: int, log: Path, env: dict | None = None, timeout: float = 900,
           wait: bool = True) -> subprocess.Popen:
-    """Start the server on ``127.0.0.1:port`` with the arguments ``args`` (``--model`` ... ), its output in ``log``, in
-    a session of its own (:func:`stop` ends it and its engine processes); with ``wait``, return once ``/health``
-    answers.
+    """Start the server on ``127.0.0.1:port`` with the arguments ``args`` (``--model`` ... ), its output in ``log``, as
+    the leader of a process group of its own (:func:`stop` ends the group: the server and its engine processes); with
+    ``wait``, return once ``/health`` answers.
 
     Raises:
         RuntimeError: the server exited, or did not answer within ``timeout`` seconds (stopped then); the message
@@ -54,7 +54,7 @@ def start(args: list[str], port: int, log: Path, env: dict | None = None, timeou
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """End the server's session (SIGTERM, then SIGKILL after 60 s)."""
+    """End the server's process group (SIGTERM, then SIGKILL after 60 s)."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
