@@ -316,7 +316,7 @@ def test_rope_keys_and_score_shift(index, p, q, d, seed):
     angle-subtraction identities the theorems assume; the score of a query rotated at ``p`` and a key
     rotated at ``q`` is the score with the key rotated at ``q − p`` (for ``q ≥ p``), and is unchanged when
     both move by ``d``; and the key the fill writes for a filled row at position ``p`` (the adapter's
-    ``kv`` and its batched ``fill_kv``) is the key the exact path (the adapter's full ``layer``) writes for
+    ``kv`` and its fast ``fill_kv``) is the key the exact path (the adapter's full ``layer``) writes for
     the same layer input at ``p``."""
     model = tiny_llama(index)
     ad = adapter_for(model)
@@ -350,11 +350,11 @@ def test_rope_keys_and_score_shift(index, p, q, d, seed):
     at_p = ad.rope(torch.tensor([p]), h)
     shape = (1, ad.num_kv_heads, p + 1, ad.head_dim)
     keys, values = h.new_zeros(shape), h.new_zeros(shape)
-    fk, fv = h.new_zeros(1, 1, ad.num_kv_heads, 1, ad.head_dim), h.new_zeros(1, 1, ad.num_kv_heads, 1, ad.head_dim)
+    fk, fv = [h.new_zeros(1, ad.num_kv_heads, 1, ad.head_dim)], [h.new_zeros(1, ad.num_kv_heads, 1, ad.head_dim)]
     with torch.no_grad():
         k_fill, v_fill = ad.kv(layer, h, at_p)  # a filled row's entry (per-layer path)
         ad.layer(layer, h, at_p, torch.tensor([p]), keys, values)  # an exact row's entry
-        ad.fill_kv(range(layer, layer + 1), h, None, None, at_p, fk, fv)  # the batched fill path
+        ad.fill_kv(range(layer, layer + 1), h, None, None, at_p, fk, fv, 0, 1)  # the fast fill path
     torch.testing.assert_close(keys[:, :, p:], k_fill, rtol=0, atol=ATOL)
     torch.testing.assert_close(values[:, :, p:], v_fill, rtol=0, atol=ATOL)
     torch.testing.assert_close(fk[0], k_fill, rtol=0, atol=ATOL)

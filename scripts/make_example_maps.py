@@ -9,12 +9,17 @@ float32 holds exactly.
   ``[2, 4, 4]``, ``biases`` ``[2, 4]``; no calibration means.
 - ``context.safetensors``: context maps (``context = 1``, ``context_penalty = 0.5``), ``S = 0`` of
   ``L = 3``, ``d = 4``: ``weights`` ``[2, 8, 4]``, ``biases`` ``[2, 4]``, ``mean_h`` ``[4]``, ``mean_x``
-  ``[2, 4]``, ``cov_h`` ``[4, 4]``.
+  ``[2, 4]``, ``cov_h`` ``[4, 4]``, ``induction`` ``[3, 2]`` (3 layers of 2 heads), and the selection setting
+  ``select = "one-pass"``.
 - ``kv.safetensors``: K/V maps (``kind = "kv"``), ``S = 1`` of ``L = 3``, ``d = 4``, ``kv_dim = 1``:
   ``weights`` ``[1, 4, 2]``, ``biases`` ``[1, 2]`` (``ridgefill`` reads them; the vLLM plugin refuses them).
 
 ``w[i, r, c] = (i + 1)/2 + r/4 − c/8``, ``b[i, c] = i − c/2``; ``mean_h[r] = r/4``,
-``mean_x[i, c] = i + c/8``, ``cov_h = I + 1/16`` (every entry ``1/16``, the diagonal ``17/16``).
+``mean_x[i, c] = i + c/8``, ``cov_h = I + 1/16`` (every entry ``1/16``, the diagonal ``17/16``),
+``induction[l, h] = l/4 + h/8``.
+
+The files are of format version 2. ``tests/data/maps/v1/`` holds the same three maps as format version 1
+wrote them (no induction scores, no selection setting), which the readers still read.
 
 Usage: ``python scripts/make_example_maps.py [OUT_DIR]`` (default ``tests/data/maps``). The tests rerun it
 into a temporary folder and compare the bytes, so the committed files are what this script writes.
@@ -49,6 +54,12 @@ def biases(n: int, k: int) -> torch.Tensor:
     return (i - c / 2).to(torch.float32)
 
 
+def induction(layers: int, heads: int) -> torch.Tensor:
+    """``induction[l, h] = l/4 + h/8``, float32 ``[layers, heads]``."""
+    l, h = torch.meshgrid(torch.arange(layers), torch.arange(heads), indexing="ij")
+    return (l / 4 + h / 8).to(torch.float32)
+
+
 def example_maps() -> dict[str, RidgeMaps]:
     """The three example maps, by file name."""
     d = 4
@@ -56,9 +67,9 @@ def example_maps() -> dict[str, RidgeMaps]:
     inputs = RidgeMaps(1, weights(2, d, d), biases(2, d), [0.5, 2.0], dict(provenance, kind="inputs", context=0))
     i, c = torch.meshgrid(torch.arange(2), torch.arange(d), indexing="ij")
     context = RidgeMaps(0, weights(2, 2 * d, d), biases(2, d), [1.0, 0.25],
-                        dict(provenance, kind="inputs", context=1, context_penalty=0.5),
+                        dict(provenance, kind="inputs", context=1, context_penalty=0.5, select="one-pass"),
                         mean_h=(torch.arange(d) / 4).to(torch.float32), mean_x=(i + c / 8).to(torch.float32),
-                        cov_h=torch.eye(d) + 1 / 16)
+                        cov_h=torch.eye(d) + 1 / 16, induction=induction(3, 2))
     kv = RidgeMaps(1, weights(1, d, 2), biases(1, 2), [0.125], dict(provenance, kind="kv", context=0))
     return dict(zip(NAMES, (inputs, context, kv)))
 

@@ -13,6 +13,7 @@ from ridgefill import InputError, prefill
 from ridgefill.bench import PRESETS, BenchConfig, bench, format_table, random_model, timing_maps
 from ridgefill.cli import main
 from ridgefill.costs import ModelShape, exact_cost, fill_cost, ideal_ratio
+from ridgefill.select import DEFAULT_SELECT
 from conftest import tiny_llama
 
 SMALL = ModelShape(layers=4, hidden=8, heads=4, kv_heads=2, head_dim=2, intermediate=16, vocab=11)
@@ -208,35 +209,44 @@ def test_bench_report(tmp_path):
         assert r["ideal"] == pytest.approx(ideal_ratio(LlamaConfig(**PRESETS["tiny-random"]), r["n"], 2, 16, context=1))
         assert len(r["ratios"]) == 2 and r["ratio"] > 0
         assert r["measured_over_ideal"] == pytest.approx(r["ratio"] / r["ideal"])
-        assert set(r["map_step"]) == {"batched_s", "per_layer_s"} and min(r["map_step"].values()) > 0
+        assert set(r["map_step"]) == {"map_step_s"} and r["map_step"]["map_step_s"] > 0
+        sel = r["selects"]["auto"]  # the default: 'on' for the bench's random maps
+        assert sel["rows"] > 0 and sel["ideal"] < r["ideal"] and sel["peak_bytes"] is not None
+    assert report["selects"] == {"auto": str(DEFAULT_SELECT)}
     assert report["fast_path_check"]["ok"]
     assert [c["tokens"] for c in report["calibration"]] == [64, 128]
     table = format_table(report)
-    assert "meas/ideal" in table and "calib tok/s" in table and "ok" in table and "per layer" in table
+    assert "meas/ideal" in table and "calib tok/s" in table and "ok" in table and "map+K/V step" in table
+    assert "with row selection auto" in table and "/ exact" in table
 
 
 def test_bench_with_row_selection(capsys):
     from ridgefill.select import Select
 
     cfg = BenchConfig(model="tiny-random", lengths=(96,), split=2, tail=16, repeats=2, warmup=0,
-                      select=Select(budget=8, before=1, after=2))
-    r = bench(cfg, progress=False)["rows"][0]
-    assert r["sel_rows"] == 8 and len(r["sel_s_all"]) == 2
-    assert r["sel_ideal"] < r["ideal"]  # the chosen rows and the second pass cost FLOPs
-    assert r["sel_measured_over_ideal"] == pytest.approx(r["sel_ratio"] / r["sel_ideal"])
+                      selects=(Select(budget=8, before=1, after=2), "one-pass"))
+    report = bench(cfg, progress=False)
+    r = report["rows"][0]
+    two, one = r["selects"][str(Select(budget=8, before=1, after=2))], r["selects"]["one-pass"]
+    assert two["rows"] == 8 and len(two["s_all"]) == 2
+    assert two["ideal"] < r["ideal"]  # the chosen rows and the second pass cost FLOPs
+    assert two["measured_over_ideal"] == pytest.approx(two["ratio"] / two["ideal"])
+    assert 0 < one["rows"] and one["ideal"] < r["ideal"]
     assert main(["bench", "--model", "tiny-random", "--lengths", "64", "--split", "1", "--tail", "8", "--repeats",
-                 "1", "--select", "on,budget=0.1"]) == 0
+                 "1", "--select", "on,budget=0.1", "--select", "one-pass"]) == 0
     printed = capsys.readouterr()
-    assert "with row selection" in printed.out
+    assert "with row selection on,budget=0.1" in printed.out and "with row selection one-pass" in printed.out
     # one progress line per timed round, with every prefill's seconds (a long length shows where it is)
-    assert re.search(r"N=64 round 1/1: exact \d+\.\d\d s, fill \d+\.\d\d s, sel \d+\.\d\d s", printed.err), printed.err
-    assert re.search(r"N=64 peak memory \(untimed\): exact (\d+|\?) MiB, fill (\d+|\?) MiB, sel (\d+|\?) MiB",
+    assert re.search(r"N=64 round 1/1: exact \d+\.\d\d s, fill \d+\.\d\d s, sel:on,budget=0.1 \d+\.\d\d s, "
+                     r"sel:one-pass \d+\.\d\d s", printed.err), printed.err
+    assert re.search(r"N=64 peak memory \(untimed\): exact (\d+|\?) MiB, fill (\d+|\?) MiB, sel:on,budget=0.1 (\d+|\?) MiB",
                      printed.err), printed.err
     # query-agnostic selection: one pass, its bound counts the chosen rows once (rounds=0)
     cfg = BenchConfig(model="tiny-random", lengths=(96,), split=2, tail=16, repeats=1, warmup=0,
-                      select=Select.parse("prompt,budget=8"))
+                      selects=(Select.parse("prompt,budget=8"),))
     r = bench(cfg, progress=False)["rows"][0]
-    assert r["sel_rows"] == 8 and r["sel_ideal"] < r["ideal"]
+    sel = next(iter(r["selects"].values()))
+    assert sel["rows"] == 8 and sel["ideal"] < r["ideal"]
 
 
 def test_bench_command_line(capsys):
@@ -252,7 +262,7 @@ def test_bench_command_line(capsys):
     (["--split", "9"], "split"),
     (["--lengths", "8k"], "context"),
     (["--repeats", "0"], "repeats"),
-    (["--select", "budget=4"], "use one of on, prompt, off"),
+    (["--select", "budget=4"], "use one of auto, on, two-pass, one-pass, prompt, off"),
 ])
 def test_bench_bad_input_is_a_clear_error(capsys, args, message):
     base = ["bench", "--model", "tiny-random", "--lengths", "32", "--tail", "4", "--split", "1", "--repeats", "1"]

@@ -1,8 +1,8 @@
 """The fast fill path equals the reference path numerically (cache and logits).
 
-Fast path: the filled rows' K/V of all late layers in one batched step
-(:meth:`ridgefill.adapters.LlamaAdapter.fill_kv`: batched maps, norm weight folded into the fused K/V
-weight, RoPE written into the cache). Reference: ``prefill_instrumented(..., fast=False, select=None)``, one layer at a time
+Fast path: the filled rows' K/V of every late layer from the split state
+(:meth:`ridgefill.adapters.LlamaAdapter.fill_kv`: context features read in place, norm weight folded into the
+fused K/V weight, RoPE written into the cache, in blocks of rows). Reference: ``prefill_instrumented(..., fast=False, select=None)``, one layer at a time
 through ``predict_inputs`` and the adapter's ``kv`` (the layer's own norm, projections and RoPE).
 """
 
@@ -109,42 +109,48 @@ def test_kv_hook_uses_the_per_layer_path():
     assert_same(a, b, model.config.num_hidden_layers, atol=1e-5)
 
 
-@pytest.mark.parametrize("identity", [False, True])
-def test_fill_kv_batched_per_layer_and_row_blocks_agree(identity):
+@pytest.mark.parametrize("maps_kind", ["identity", "plain", "context"])
+def test_fill_kv_equals_the_layers_kv_for_any_rows_and_blocks(maps_kind):
+    """``fill_kv`` over rows ``start..stop-1`` (all rows, a range that starts after row 0, which context maps
+    must read back from, and the same in blocks of 5 rows) equals the layer's own norm, K/V and RoPE applied
+    to ``f W + b`` (``f`` the rows' :func:`~ridgefill.maps.context_features`); other rows stay untouched."""
+    from ridgefill.maps import context_features
+
     model = llama(seed=4)
     ad = adapter_for(model)
     L, d = model.config.num_hidden_layers, model.config.hidden_size
     late = range(S + 1, L)
     g = torch.Generator().manual_seed(0)
     h = torch.randn(2, 33, d, generator=g)
-    maps = random_maps(model)
-    w, b = (None, None) if identity else (maps.weights, maps.biases)
+    context = 1 if maps_kind == "context" else 0
+    maps = None if maps_kind == "identity" else timing_maps(model, S, scale=0.5, context=context)
+    if maps is not None:
+        maps = RidgeMaps(S, maps.weights, torch.randn(maps.biases.shape, generator=g) * 0.1, maps.lambdas,
+                         {"context": context})
+    w, b = (None, None) if maps is None else (maps.weights, maps.biases)
+    feats = context_features(h, context)
     rope = ad.rope(torch.arange(33), h)
-    shape = (len(late), 2, ad.num_kv_heads, 33, ad.head_dim)
+    shape = (2, ad.num_kv_heads, 33, ad.head_dim)
+    ref = [ad.kv(i, feats if maps is None else feats @ w[i - S - 1] + b[i - S - 1], rope) for i in late]
 
-    def run(**kw):
-        k, v = torch.empty(shape), torch.empty(shape)
+    def run(start, stop):
+        k, v = [torch.full(shape, 7.0) for _ in late], [torch.full(shape, 7.0) for _ in late]
         with torch.inference_mode():
-            ad.fill_kv(late, h, w, b, rope, k, v, **kw)
+            ad.fill_kv(late, h, w, b, rope.rows(slice(start, stop)), k, v, start, stop)
         return k, v
 
-    ref_k = torch.stack([torch.cat([ad.kv(i, h[j:j + 1] if identity else
-                                         h[j:j + 1] @ maps.weights[i - S - 1] + maps.biases[i - S - 1], rope)[0]
-                                    for j in range(2)]) for i in late])
-    ref_v = torch.stack([torch.cat([ad.kv(i, h[j:j + 1] if identity else
-                                         h[j:j + 1] @ maps.weights[i - S - 1] + maps.biases[i - S - 1], rope)[1]
-                                    for j in range(2)]) for i in late])
-    k1, v1 = run(batched=True)
-    k2, v2 = run(batched=False)
     old = ad.fill_chunk_bytes
-    ad.fill_chunk_bytes = len(late) * d * 4 * 5  # blocks of 5 rows
-    try:
-        k3, v3 = run(batched=True)
-    finally:
-        ad.fill_chunk_bytes = old
-    for k, v in ((k1, v1), (k2, v2), (k3, v3)):
-        torch.testing.assert_close(k, ref_k, rtol=0, atol=1e-5)
-        torch.testing.assert_close(v, ref_v, rtol=0, atol=1e-5)
+    for start, stop in ((0, 33), (5, 20)):
+        for chunk in (old, (d + 2 * ad.num_kv_heads * ad.head_dim) * 4 * 5):  # one block; blocks of 5 rows
+            ad.fill_chunk_bytes = chunk
+            try:
+                k, v = run(start, stop)
+            finally:
+                ad.fill_chunk_bytes = old
+            for i in range(len(late)):
+                torch.testing.assert_close(k[i][:, :, start:stop], ref[i][0][:, :, start:stop], rtol=0, atol=1e-5)
+                torch.testing.assert_close(v[i][:, :, start:stop], ref[i][1][:, :, start:stop], rtol=0, atol=1e-5)
+                assert (k[i][:, :, :start] == 7).all() and (v[i][:, :, stop:] == 7).all()
 
 
 def test_fill_kv_sees_weight_edits():
@@ -168,11 +174,14 @@ def test_fill_kv_rejects_bad_shapes():
     late = range(S + 1, model.config.num_hidden_layers)
     h = torch.randn(1, 8, model.config.hidden_size)
     rope = ad.rope(torch.arange(8), h)
-    good = (len(late), 1, ad.num_kv_heads, 8, ad.head_dim)
+    good = (1, ad.num_kv_heads, 8, ad.head_dim)
+    bufs = lambda shape=good: [torch.empty(shape) for _ in late]  # noqa: E731
     with pytest.raises(ValueError, match="outputs must be"):
-        ad.fill_kv(late, h, None, None, rope, torch.empty(good[:-1] + (3,)), torch.empty(good))
+        ad.fill_kv(late, h, None, None, rope, bufs(good[:-1] + (3,)), bufs(), 0, 8)
     with pytest.raises(ValueError, match="maps must be"):
-        ad.fill_kv(late, h, torch.empty(2, 3, 3), torch.empty(2, 3), rope, torch.empty(good), torch.empty(good))
+        ad.fill_kv(late, h, torch.empty(2, 3, 3), torch.empty(2, 3), rope, bufs(), bufs(), 0, 8)
+    with pytest.raises(ValueError, match="rows 0..8"):
+        ad.fill_kv(late, h, None, None, rope, bufs(), bufs(), 0, 9)
 
 
 def test_bfloat16_fast_equals_reference():

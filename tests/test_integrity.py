@@ -108,7 +108,7 @@ def test_a_header_lambda_edit_is_named_as_corruption(tmp_path, maps):
     path = maps.save(tmp_path / "m.safetensors")
     _rewrite(path, "ridgefill", lambda m: {**m, "lambdas": [v * 1.5 for v in m["lambdas"]]})
     with pytest.raises(MapsFormatError, match=r"is corrupted: its header fields \(context, context_penalty, "
-                                              r"format_version, kind, lambdas, split\) differ"):
+                                              r"format_version, kind, lambdas, select, split\) differ"):
         load_maps(path)
 
 

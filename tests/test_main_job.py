@@ -100,7 +100,7 @@ def test_run_on_a_short_text_takes_the_documents_it_holds_and_refuses_too_little
 @pytest.mark.parametrize("args,message", [
     (["run", "--tail", "0"], "--tail 0 must be at least 1"),
     (["run", "--threads", "-1"], "argument --threads: -1 must be at least 1"),
-    (["run", "--select", "budget=4"], "use one of on, prompt, off"),
+    (["run", "--select", "budget=4"], "use one of auto, on, two-pass, one-pass, prompt, off"),
     (["calibrate", "--lam", "x", "--out", "m.safetensors"], "λ must be a number or 'auto'"),
     (["calibrate", "--out", "."], "is a folder"),
     (["generate", "--prompt-file", "missing.txt"], "does not exist"),

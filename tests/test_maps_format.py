@@ -40,13 +40,17 @@ def test_example_files_are_what_the_script_writes(tmp_path):
         assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), name
 
 
+@pytest.mark.parametrize("version", [2, 1])
 @pytest.mark.parametrize("name, split, shape, lambdas, kind, context", [
     ("inputs.safetensors", 1, (2, 4, 4), [0.5, 2.0], "inputs", 0),
     ("context.safetensors", 0, (2, 8, 4), [1.0, 0.25], "inputs", 1),
     ("kv.safetensors", 1, (1, 4, 2), [0.125], "kv", 0),
 ])
-def test_example_maps_read_as_specified(name, split, shape, lambdas, kind, context):
-    maps = load_maps(DATA / name)
+def test_example_maps_read_as_specified(name, split, shape, lambdas, kind, context, version):
+    """Format version 2 (the writer's) and version 1 (``tests/data/maps/v1/``, still read) hold the same maps;
+    version 2's context example also holds induction scores and a selection setting."""
+    maps = load_maps((DATA if version == 2 else DATA / "v1") / name)
+    assert maps.meta["format_version"] == version
     n, f, k = shape
     i, r, c = _grid(n, f, k)
     assert maps.split == split and maps.lambdas == lambdas and maps.kind == kind and maps.context == context
@@ -62,6 +66,11 @@ def test_example_maps_read_as_specified(name, split, shape, lambdas, kind, conte
         assert torch.equal(maps.cov_h.double(), torch.eye(4, dtype=torch.float64) + 1 / 16)
     else:
         assert maps.mean_h is None and maps.cov_h is None
+    if name == "context.safetensors" and version == 2:
+        i3, h3 = _grid(3, 2)
+        assert torch.equal(maps.induction.double(), i3 / 4 + h3 / 8) and maps.select == "one-pass"
+    else:
+        assert maps.induction is None and maps.select is None
 
 
 def test_example_content_hashes_follow_the_specification():
@@ -73,13 +82,18 @@ def test_example_content_hashes_follow_the_specification():
         meta = json.loads(f.metadata()["ridgefill"])
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     stored = meta["content_sha256"]
-    assert sorted(stored["tensors"]) == ["biases", "cov_h", "mean_h", "mean_x", "weights"]
+    assert sorted(stored["tensors"]) == ["biases", "cov_h", "induction", "mean_h", "mean_x", "weights"]
     for k, t in tensors.items():
         assert stored["tensors"][k] == _spec_sha256(t), k
-    fields = {"format_version": 1, "split": 0, "lambdas": [1.0, 0.25], "kind": "inputs", "context": 1,
-              "context_penalty": 0.5}
+    fields = {"format_version": 2, "split": 0, "lambdas": [1.0, 0.25], "kind": "inputs", "context": 1,
+              "context_penalty": 0.5, "select": "one-pass"}
     assert stored["fields"] == hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
     with safe_open(str(DATA / "inputs.safetensors"), framework="pt") as f:
+        meta = json.loads(f.metadata()["ridgefill"])
+    fields = {"format_version": 2, "split": 1, "lambdas": [0.5, 2.0], "kind": "inputs", "context": 0,
+              "context_penalty": None, "select": None}
+    assert meta["content_sha256"]["fields"] == hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    with safe_open(str(DATA / "v1" / "inputs.safetensors"), framework="pt") as f:  # version 1: no select field
         meta = json.loads(f.metadata()["ridgefill"])
     fields = {"format_version": 1, "split": 1, "lambdas": [0.5, 2.0], "kind": "inputs", "context": 0,
               "context_penalty": None}

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
@@ -98,10 +99,10 @@ def _oracle_scores(select: Select, exact_tail: int = 6):
         for layer in range(S + 1):
             shape = (1, ad.num_kv_heads, n, ad.head_dim)
             x = ad.layer(layer, x, rope, pos, torch.empty(shape), torch.empty(shape))
-        fill = _LateLayers(ad, range(S + 1, ad.num_layers), x, x, rope, _fill_maps("ridge", maps, x), None,
-                           batched=True, none=False)
+        fill = _LateLayers(ad, range(S + 1, ad.num_layers), x, rope, _fill_maps("ridge", maps, x), 0, None,
+                           fast=True, none=False)
         scorer = _AttentionScores(ad, n, select)
-        fill.run(torch.arange(n - exact_tail, n), [scorer])
+        fill.run(np.arange(n - exact_tail, n), [scorer])
     return att, scorer, range(S + 1, model.config.num_hidden_layers)
 
 
@@ -233,7 +234,9 @@ def test_induction_selection_keeps_only_the_top_heads(llama, ids, maps):
     scores = induction_scores(ad)
     assert scores.shape == (llama.config.num_hidden_layers, llama.config.num_attention_heads)
     sel = Select(heads="induction", top_heads=3, budget=10)
-    keep = AttentionScores(ad, ids.shape[1], sel).heads
+    keep = torch.zeros_like(scores, dtype=torch.bool)
+    for layer, heads in enumerate(AttentionScores(ad, ids.shape[1], sel).heads):
+        keep[layer, heads] = True
     assert int(keep.sum()) == 3 and float(scores[keep].min()) >= float(scores[~keep].max())
     res = prefill_instrumented(llama, ids, maps, tail=8, mode="ridge", select=sel, logits="exact")
     one = prefill_instrumented(llama, ids, maps, tail=8, exact_rows=res.selected.tolist(), mode="ridge", logits="exact", select=None)
@@ -419,7 +422,7 @@ def test_ngram_scores_the_row_that_ends_the_match_and_widens_it():
     prompt = torch.tensor([ids + [900, 901, 500, 501, 502, 902]])  # a 6-row tail quoting rows 20-22
     tail = torch.arange(50, 56)
     scores = ngram_scores(prompt, tail)
-    assert scores.nonzero().flatten().tolist() == [21, 22]
+    assert np.flatnonzero(scores).tolist() == [21, 22]
     assert scores[21].item() == 1.0 and scores[22].item() == 2.0  # 501-502's match counts at 22 too
     twice = prompt.clone()
     twice[0, 40:42] = torch.tensor([501, 502])  # a second filled copy of 501-502 halves its weight
@@ -443,7 +446,7 @@ def test_ngram_scores_the_row_that_ends_the_match_and_widens_it():
     contrasted = Select.parse("ngram,before=0,after=0,min_score=2,contrast=8")  # the threshold is on the score,
     assert choose_rows(scores, filled, contrasted, 10).tolist() == [0, 22]  # not on its (larger) contrast
     batch = torch.cat([prompt, prompt, prompt])  # a batch of copies scores as one prompt: the threshold holds
-    assert torch.equal(ngram_scores(batch, tail), scores)
+    assert np.array_equal(ngram_scores(batch, tail), scores)
 
 
 def test_ngram_threshold_leaves_prose_to_the_next_part():
@@ -498,7 +501,7 @@ def test_ngram_part_chooses_the_asked_needle_and_leaves_the_rest_to_attention(ll
     assert len(passes) == 2 and set(alone) <= set(passes[0])  # chosen before the attention pass
     copied = quoted.clone()
     copied[0, 60:64] = copied[0, 10:14]  # exact rows 60-63 repeat rows 10-13, the 2-row tail quotes nothing
-    assert ngram_scores(copied, torch.tensor([60, 61, 62, 63, 94, 95]))[11:14].gt(0).all()
+    assert (ngram_scores(copied, torch.tensor([60, 61, 62, 63, 94, 95]))[11:14] > 0).all()
     far = prefill(llama, copied, maps, tail=2, exact_rows=range(60, 64), mode="ridge", select=lex).selected.tolist()
     assert far == [0]  # the exact rows 60-63 are not the question
     assert set(alone) < set(res.selected.tolist()) and res.selected.numel() == 16
@@ -529,8 +532,18 @@ def test_ngram_parse_and_spec():
     assert doubled.total == 0.1 and [p.budget for p in doubled.parts] == pytest.approx([0.04, 0.04, 0.06])
     assert [dataclasses.replace(p, budget=1) for p in doubled.parts] == [
         dataclasses.replace(p, budget=1) for p in DEFAULT_SELECT.parts]
-    for bad, message in (("budget=4", "use one of on, prompt, off"), ("on,budget=2", "share of the prompt"),
-                         ("off,budget=0.1", "takes no budget"), ("on,after=3", "only ',budget=F'")):
+    from ridgefill.select import ONE_PASS_SELECT, TWO_PASS_SELECT
+    assert parse_setting("auto") == "auto" and parse_setting("two-pass") is TWO_PASS_SELECT
+    assert parse_setting("one-pass") is ONE_PASS_SELECT and Select.parse("one-pass") is ONE_PASS_SELECT
+    assert [p.by for p in ONE_PASS_SELECT.parts] == ["ngram", "predicted", "predicted"]
+    assert ONE_PASS_SELECT.parts[0] == TWO_PASS_SELECT.parts[0] and ONE_PASS_SELECT.total == TWO_PASS_SELECT.total
+    assert [dataclasses.replace(p, by="attention") for p in ONE_PASS_SELECT.parts[1:]] == list(
+        TWO_PASS_SELECT.parts[1:])  # the same attention parts, scored in one pass
+    assert ONE_PASS_SELECT.rounds == 0 and TWO_PASS_SELECT.rounds == 1
+    assert parse_setting("one-pass,budget=0.1").parts[1].budget == pytest.approx(0.04)
+    for bad, message in (("budget=4", "use one of auto, on, two-pass, one-pass, prompt, off"),
+                         ("on,budget=2", "share of the prompt"), ("off,budget=0.1", "takes no budget"),
+                         ("auto,budget=0.1", "follows the maps' setting"), ("on,after=3", "only ',budget=F'")):
         with pytest.raises(InputError, match=message):
             parse_setting(bad)
     for spec in ("ngram", "ngram,after=20", "ngram,min_score=0", "ngram,budget=0.02+attention+total=0.05"):
@@ -538,5 +551,5 @@ def test_ngram_parse_and_spec():
     sel = Select.parse("ngram,budget=0.02+attention+total=0.05")
     assert [p.by for p in sel.parts] == ["ngram", "attention"] and sel.by == "attention"
     assert Selection((Select.parse("ngram"),)).by == "ngram"
-    with pytest.raises(InputError, match="'attention', 'leverage' or 'ngram'"):
+    with pytest.raises(InputError, match="'attention', 'leverage', 'ngram' or 'predicted'"):
         Select(by="words")

@@ -217,6 +217,17 @@ def test_choice_is_the_shallowest_split_meeting_the_budget():
     assert choose_split([_row(6, 0.1, 60.0, 60.0, exact=(80.0, 80.0))], Budget(needle_fraction=0.75)) == 6
     assert choose_split([_row(6, None, 100.0)], b) is None  # no key tokens: not met
     assert choose_split(list(reversed(rows)), b) == 12  # order does not matter
+    # with selection settings: the highest FLOP bound among the candidates that meet the budget
+    from ridgefill.evaluate.tune import choose
+
+    def cand(split, select, bound, key, multikey):
+        return dict(_row(split, key, 100.0, multikey), select=select, flop_bound=bound)
+
+    rows = [cand(8, "off", 1.50, 0.9, 40.0), cand(8, "two-pass", 1.40, 0.45, 100.0),
+            cand(12, "off", 1.45, 0.3, 100.0), cand(12, "two-pass", 1.30, 0.2, 100.0)]
+    assert (choose(rows, b)["split"], choose(rows, b)["select"]) == (12, "off")  # plain at 12 beats selection at 8
+    rows[2]["needles"]["multikey"] = 80.0  # plain fails multikey there: the cheapest mode that keeps it
+    assert (choose(rows, b)["split"], choose(rows, b)["select"]) == (8, "two-pass")
     for bad in (dict(needle_fraction=1.5), dict(needle_fraction=-0.1), dict(max_key_dnll=-1.0),
                 dict(max_key_dnll=float("nan"))):
         with pytest.raises(InputError):
@@ -259,10 +270,14 @@ def test_tune_writes_the_chosen_maps_and_the_report(tuned):
 
     report, root = tuned
     out = root / "out"
-    assert report["splits"] == [1, 3] and report["chosen_split"] == 1  # the loosest budget: the shallowest
+    # the loosest budget: the highest FLOP bound, the shallowest split with the plain fill
+    assert report["splits"] == [1, 3] and report["chosen_split"] == 1 and report["chosen_select"] == "off"
     chosen = load_maps(out / "maps.safetensors")
     candidate = load_maps(out / "maps-S1.safetensors")
     assert chosen.split == 1 and torch.equal(chosen.weights, candidate.weights)
+    assert chosen.select == "off" and candidate.select is None  # the setting prefill's select="auto" follows
+    assert [(r["split"], r["select"]) for r in report["rows"]] == [
+        (s, name) for s in (1, 3) for name in ("off", "one-pass", "two-pass")]
     assert load_maps(out / "maps-S3.safetensors").split == 3
     assert not (out / "tune.checkpoint.safetensors").exists()
     for name in ("tune.json", "tune.md", "tune.png"):
@@ -274,7 +289,11 @@ def test_tune_writes_the_chosen_maps_and_the_report(tuned):
         assert lo <= row["all_dnll"] <= hi
         assert row["flop_bound"] > 1.0 and row["measured_ratio"] > 0
         assert set(row["needles"]) == set(row["exact_needles"]) == {"single"}
-    assert report["rows"][0]["flop_bound"] > report["rows"][1]["flop_bound"]  # shallower: more work skipped
+    bound = {(r["split"], r["select"]): r["flop_bound"] for r in report["rows"]}
+    for name in ("off", "one-pass", "two-pass"):
+        assert bound[1, name] > bound[3, name]  # shallower: more work skipped
+    assert bound[1, "off"] > bound[1, "one-pass"] > bound[1, "two-pass"]  # selection costs; one pass costs less
+    assert all(r["selected_rows"] > 0 for r in report["rows"] if r["select"] != "off")
     assert "**chosen**" in (out / "tune.md").read_text()
 
 
@@ -340,6 +359,9 @@ def test_tune_refuses_evaluation_text_from_the_calibration_text_before_the_model
     (["--max-memory", "inf"], "must be a finite positive number of GiB"),
     (["--max-memory", "1e-12"], "must be a finite positive number of GiB"),
     (["--threads", "0"], "must be at least 1"),
+    (["--selects", "off,auto"], "'auto' follows the maps' recorded setting"),
+    (["--selects", "off,off"], "repeats a setting"),
+    (["--selects", "sometimes"], "use one of auto, on, two-pass, one-pass, prompt, off"),
     (["--doc-tokens", "64", "--tail", "10"], "--doc-tokens 64 must be longer than the needle prompts' exact tail"),
 ])
 def test_tune_refuses_bad_settings_before_the_model_loads(tmp_path, monkeypatch, capsys, args, message):
@@ -377,7 +399,8 @@ def test_tune_without_a_choice_writes_the_report_and_removes_an_earlier_maps_fil
                  "--max-key-dnll", "0", "--out", str(out)])
     assert code == 2
     err = capsys.readouterr().err
-    assert "no candidate split in [3] meets the budget (key-token ΔNLL ≤ 0.0)" in err
+    assert ("no candidate split in [3] meets the budget with any selection setting (off, one-pass, two-pass; "
+            "key-token ΔNLL ≤ 0.0)") in err
     assert "was removed" in err and "loosen --max-key-dnll" in err and "--min-needles" not in err
     report = json.loads((out / "tune.json").read_text())
     assert report["chosen_split"] is None and report["maps_path"] is None

@@ -9,9 +9,11 @@ For each prompt length ``N`` the bench runs, in the same process and on the same
 3. ``repeats`` timed pairs, interleaved, alternating which mode goes first; the ratio
    ``exact / fill`` is taken per pair (both ran under nearly the same machine load) and its median
    reported, next to the median times.
-4. the filled rows' map-plus-K/V step alone, both ways (:func:`bench_map_step`): the maps of all
-   late layers as one batched matmul ``[L−S−1, rows, d] × [L−S−1, d, d]`` (the path ``prefill`` takes)
-   and one matmul per layer, so the choice between them is a measurement, not a guess.
+4. the filled rows' map-plus-K/V step alone (:func:`bench_map_step`, the fast path's
+   :meth:`~ridgefill.adapters.LlamaAdapter.fill_kv`), to show its share of the fill.
+
+With row selection (``--select``, repeatable: e.g. ``--select on --select one-pass``) each setting is a further
+path timed in the same interleaved rounds, with its peak memory, its chosen rows and its own FLOP bound.
 
 Both paths keep last-row logits only (the LM head runs on one row), so they are compared on equal
 terms. The fill path is :func:`ridgefill.fill.prefill` in mode ``"ridge"``; the exact path is the same
@@ -52,7 +54,7 @@ from .errors import InputError
 from .validate import check_context
 from .fill import prefill, prefill_instrumented
 from .maps import RidgeMaps
-from .select import as_select, as_selection
+from .select import as_select, as_selection, parse_setting
 
 __all__ = ["BenchConfig", "PRESETS", "bench", "format_table", "random_model", "timing_maps"]
 
@@ -100,8 +102,11 @@ class BenchConfig:
     calibration: bool = False
     calib_chunk: int = 512
     calib_lengths: tuple[int, int] = (4096, 16384)
-    #: also time the fill with this row selection (a spec such as ``"on"``, a Select or Selection; ``None``: off)
-    select: object = defaults.SELECT
+    #: also time the fill with each of these row selections (named settings of
+    #: :func:`ridgefill.select.parse_setting` such as ``"auto"``, ``"one-pass"``, ``"on,budget=0.1"``, or
+    #: Select / Selection objects; ``None`` or ``"off"`` entries are left out; ``"auto"`` is ``"on"`` here: the
+    #: bench's random maps record no setting)
+    selects: tuple = (defaults.SELECT,)
     context: int = 1  # the maps' input: 1, [h_S(t), h_S(t-1)] (context maps, the default); 0, h_S(t)
     json: str | None = None
     command: str = ""
@@ -265,17 +270,16 @@ def _load() -> float | None:
 
 
 def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3, warmup: int = 1,
-                 seed: int = 0, select=None, progress: bool = False) -> dict:
+                 seed: int = 0, selects: dict | None = None, progress: bool = False) -> dict:
     """Time exact and fill prefill of ``n`` random token ids (see the module docstring).
 
-    With ``select`` (a :class:`ridgefill.select.Select` or :class:`~ridgefill.select.Selection`) a third
-    prefill, the fill with row selection, is timed in the same interleaved rounds; its bound counts its
-    chosen rows, passes and scoring query rows (:func:`ridgefill.costs.fill_cost` with ``selected``,
-    ``rounds``, ``queries``). A selection mixing parts chosen up front (leverage, n-gram; the default
-    ``--select on``) and attention parts is counted as if all its rows were chosen by attention (rows
-    chosen up front are exact in both passes, and the leverage scores are left out): its bound is then a
-    little high (2 % at 2,048 rows with 102 + 102 chosen rows). On the
-    random token ids of the bench the n-gram part finds no match and the attention parts choose the rows.
+    With ``selects`` (``{name: Select or Selection}``) each is a further prefill, the fill with that row
+    selection, timed in the same interleaved rounds; its bound counts its chosen rows, passes and scoring
+    query rows (:func:`ridgefill.costs.fill_cost` with ``selected`` and
+    :meth:`~ridgefill.select.Selection.cost_args`). A two-pass selection mixing parts chosen up front
+    (n-gram) and attention parts is counted as if all its rows were chosen by attention (rows chosen up
+    front are exact in both passes): its bound is then a little high. On the random token ids of the bench
+    the n-gram part finds no match and the attention parts choose the rows.
     With ``progress`` one line per warm-up and timed round goes to stderr (seconds per prefill), and one
     after the untimed peak-memory round, so a long length shows where it is.
 
@@ -283,8 +287,8 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
         A dict: ``n``, ``tail``, ``ideal``, ``exact_s``/``fill_s`` (medians) and ``*_all`` (every repeat),
         ``ratio`` (median of per-pair ``exact/fill``), ``ratios``, ``measured_over_ideal``,
         ``exact_peak_bytes``/``fill_peak_bytes``, ``load`` (1-minute load averages before and after);
-        with ``select`` also ``sel_s``, ``sel_ratio``, ``sel_ideal``, ``sel_measured_over_ideal``,
-        ``sel_rows`` (rows chosen).
+        ``selects``: per name ``s``, ``s_all``, ``ratio``, ``ideal``, ``measured_over_ideal``, ``rows`` (rows
+        chosen), ``peak_bytes``.
 
     Raises:
         InputError: ``tail`` not in ``1..n-1``, ``repeats < 1`` or ``warmup < 0``.
@@ -296,10 +300,11 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed + n)
     ids = torch.randint(0, model.config.vocab_size, (1, n), generator=g).to(device)
+    selects = selects or {}
     runs = {"exact": lambda: prefill(model, ids, tail=tail, mode="exact"),
             "fill": lambda: prefill(model, ids, maps, tail=tail, mode="ridge", select=None)}
-    if select is not None:
-        runs["sel"] = lambda: prefill(model, ids, maps, tail=tail, mode="ridge", select=select)
+    for name, sel in selects.items():
+        runs[f"sel:{name}"] = lambda sel=sel: prefill(model, ids, maps, tail=tail, mode="ridge", select=sel)
     def report(what: str, values: dict, unit: str) -> None:
         if progress:
             done = ", ".join(f"{name} {v} {unit}" for name, v in values.items())
@@ -331,16 +336,15 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
     ideal = ideal_ratio(model.config, n, maps.split, tail, **shape)
     ratio = statistics.median(ratios)
     extra = {}
-    if select is not None:
-        chosen = prefill(model, ids, maps, tail=tail, mode="ridge", select=select).selected.tolist()
-        sel = as_selection(select)  # leverage and n-gram parts: chosen up front; attention parts: rounds + 1 passes
-        sel_ideal = ideal_ratio(model.config, n, maps.split, tail, selected=chosen, rounds=sel.rounds,
-                                queries=sel.scored_rows(tail + len(chosen)), **shape)
-        sel_ratio = statistics.median(e / f for e, f in zip(times["exact"], times["sel"]))
-        extra = {"sel_s": statistics.median(times["sel"]), "sel_s_all": times["sel"], "sel_ratio": sel_ratio,
-                 "sel_ideal": sel_ideal, "sel_measured_over_ideal": sel_ratio / sel_ideal, "sel_rows": len(chosen),
-                 "sel_peak_bytes": peaks["sel"]}
-    return {**extra, "n": n, "tail": tail, "ideal": ideal, "ratio": ratio, "measured_over_ideal": ratio / ideal,
+    for name, sel in selects.items():
+        chosen = prefill(model, ids, maps, tail=tail, mode="ridge", select=sel).selected.tolist()
+        sel_ideal = ideal_ratio(model.config, n, maps.split, tail, selected=chosen,
+                                **as_selection(sel).cost_args(tail), **shape)
+        key = f"sel:{name}"
+        sel_ratio = statistics.median(e / f for e, f in zip(times["exact"], times[key]))
+        extra[name] = {"s": statistics.median(times[key]), "s_all": times[key], "ratio": sel_ratio, "ideal": sel_ideal,
+                       "measured_over_ideal": sel_ratio / sel_ideal, "rows": len(chosen), "peak_bytes": peaks[key]}
+    return {"selects": extra, "n": n, "tail": tail, "ideal": ideal, "ratio": ratio, "measured_over_ideal": ratio / ideal,
             "ratios": ratios, "exact_s": statistics.median(times["exact"]), "fill_s": statistics.median(times["fill"]),
             "exact_s_all": times["exact"], "fill_s_all": times["fill"],
             "cpu_ratio": statistics.median(cpu_ratios) if cpu_ratios else None,
@@ -350,37 +354,34 @@ def bench_length(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3,
 
 
 def bench_map_step(model, maps: RidgeMaps, n: int, *, tail: int, repeats: int = 3, seed: int = 0) -> dict | None:
-    """Time the filled rows' map-plus-K/V step alone (:meth:`ridgefill.adapters.LlamaAdapter.fill_kv`)
-    both ways: the maps of all late layers as one batched matmul, and one matmul per layer.
-
-    Inputs are ``n − tail`` random split states ``[1, n − tail, f]`` (``f``: the maps' input width) in the model's dtype; outputs are
-    fresh ``[late, 1, kv_heads, rows, head_dim]`` buffers. Returns ``{"batched_s", "per_layer_s"}``
-    (medians of ``repeats`` after one warm-up each, interleaved), or ``None`` when the adapter has no
-    fast path (e.g. Gemma 3).
+    """Time the filled rows' map-plus-K/V step alone (:meth:`ridgefill.adapters.LlamaAdapter.fill_kv`, the
+    maps and K/V of every late layer for the ``n − tail`` filled rows of random split states, written into
+    fresh ``[1, kv_heads, n, head_dim]`` buffers per layer). Returns ``{"map_step_s"}`` (the median of
+    ``repeats`` after one warm-up), or ``None`` when the adapter has no fast path (e.g. Gemma 3).
     """
     adapter = adapter_for(model)
     if not (hasattr(adapter, "fill_kv") and adapter.supports_fill_kv()):
         return None
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    rows, d = n - tail, model.config.hidden_size * (1 + maps.context)  # the maps' input width
+    rows, d = n - tail, model.config.hidden_size
     g = torch.Generator().manual_seed(seed + 7 * n)
-    h = torch.randn(1, rows, d, generator=g).to(device=device, dtype=dtype)
+    h = torch.randn(1, n, d, generator=g).to(device=device, dtype=dtype)
     m = maps.to(dtype=dtype, device=device)
     late = range(maps.split + 1, adapter.num_layers)
     rope = adapter.rope(torch.arange(rows, device=device), h)
-    shape = (len(late), 1, adapter.num_kv_heads, rows, adapter.head_dim)
-    keys, values = h.new_empty(shape), h.new_empty(shape)
-    runs = {name: (lambda b=b: adapter.fill_kv(late, h, m.weights, m.biases, rope, keys, values, batched=b))
-            for name, b in (("batched", True), ("per_layer", False))}
-    times = {name: [] for name in runs}
+    shape = (1, adapter.num_kv_heads, n, adapter.head_dim)
+    keys, values = [h.new_empty(shape) for _ in late], [h.new_empty(shape) for _ in late]
+
+    def step():
+        adapter.fill_kv(late, h, m.weights, m.biases, rope, keys, values, 0, rows)
+
+    times = []
     with torch.inference_mode():
-        for fn in runs.values():
-            _timed(fn, device)
+        _timed(step, device)
         for _ in range(repeats):
-            for name, fn in runs.items():
-                times[name].append(_timed(fn, device)[0])
-    return {f"{name}_s": statistics.median(t) for name, t in times.items()}
+            times.append(_timed(step, device)[0])
+    return {"map_step_s": statistics.median(times)}
 
 
 def check_fast_path(model, maps: RidgeMaps, n: int = 512, tail: int = 64, seed: int = 0) -> dict:
@@ -502,7 +503,12 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
         if cfg.threads < 1:
             raise InputError(f"--threads {cfg.threads} must be ≥ 1")
         torch.set_num_threads(cfg.threads)
-    select = as_select(cfg.select)  # a bad spec fails before the model is built
+    selects = {}  # name -> selection; a bad spec fails before the model is built
+    for value in cfg.selects or ():
+        sel = parse_setting(value) if isinstance(value, str) else as_select(value)
+        sel = as_select("on") if sel == "auto" else sel  # the random maps record no setting
+        if sel is not None:
+            selects[value if isinstance(value, str) else str(sel)] = sel
     model, name, device, dtype = _resolve(cfg)
     L = model.config.num_hidden_layers
     split = defaults.default_split(model) if cfg.split is None else cfg.split
@@ -529,7 +535,7 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
         "repeats": cfg.repeats, "warmup": cfg.warmup, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "torch": torch.__version__, "load_average": None, "maps": "random (timing only)",
         "fast_path_check": check, "rows": [], "calibration": None, "complete": False,
-        "select": None if select is None else str(select), "context": cfg.context,
+        "selects": {name: str(sel) for name, sel in selects.items()}, "context": cfg.context,
     }
 
     def save():
@@ -543,7 +549,7 @@ def bench(cfg: BenchConfig, progress: bool = True) -> dict:
         if progress:
             print(f"bench N={n} ...", file=sys.stderr, flush=True)
         row = bench_length(model, maps, n, tail=tail, repeats=cfg.repeats, warmup=cfg.warmup, seed=cfg.seed,
-                           select=select, progress=progress)
+                           selects=selects, progress=progress)
         e, f = exact_cost(shape, n), fill_cost(shape, n, split, tail, context=cfg.context)
         row.update(exact_tflop=e.flops / 1e12, fill_tflop=f.flops / 1e12,
                    exact_tflops_per_s=e.flops / 1e12 / row["exact_s"], fill_tflops_per_s=f.flops / 1e12 / row["fill_s"])
@@ -586,17 +592,21 @@ def format_table(report: dict) -> str:
     lines.append("ideal: exact/fill FLOPs (ridgefill.costs); measured: median of per-pair exact/fill wall-time ratios; "
                  "MiB: peak memory above the model (CPU: RSS, approximate); cpu-time: median per-pair ratio of process "
                  "CPU seconds (CPU only; less sensitive to other processes); load: 1-min load average before/after")
-    sel = [r for r in report["rows"] if "sel_ratio" in r]
-    if sel:
-        lines.append(f"with row selection ({report.get('select')}):")
-        lines.append(f"{'N':>7} {'rows':>6} {'ideal':>6} {'measured':>9} {'meas/ideal':>10} {'sel s':>9}")
-        lines += [f"{r['n']:>7} {r['sel_rows']:>6} {r['sel_ideal']:>6.2f} {r['sel_ratio']:>8.2f}x "
-                  f"{r['sel_measured_over_ideal']:>10.2f} {r['sel_s']:>9.3f}" for r in sel]
+    for name, spec in (report.get("selects") or {}).items():
+        lines.append(f"with row selection {name} ({spec}):")
+        lines.append(f"{'N':>7} {'rows':>6} {'ideal':>6} {'measured':>9} {'meas/ideal':>10} {'sel s':>9} "
+                     f"{'sel MiB':>8} {'/ exact':>8}")
+        for r in report["rows"]:
+            s = r.get("selects", {}).get(name)
+            if s:
+                peak = (f"{s['peak_bytes'] / r['exact_peak_bytes']:>8.2f}" if s.get("peak_bytes")
+                        and r.get("exact_peak_bytes") else f"{'n/a':>8}")
+                lines.append(f"{r['n']:>7} {s['rows']:>6} {s['ideal']:>6.2f} {s['ratio']:>8.2f}x "
+                             f"{s['measured_over_ideal']:>10.2f} {s['s']:>9.3f} {_mib(s['peak_bytes']):>8} {peak}")
     steps = [(r["n"], r["map_step"]) for r in report["rows"] if r.get("map_step")]
     if steps:
         lines.append("map+K/V step of the filled rows, all late layers (s): "
-                     + "; ".join(f"N={n}: batched {m['batched_s']:.3f}, per layer {m['per_layer_s']:.3f}"
-                                 for n, m in steps))
+                     + "; ".join(f"N={n}: {m['map_step_s']:.3f}" for n, m in steps))
     c = report.get("fast_path_check")
     if c:
         lines.append(f"fast path vs reference path at N={c['n']}: max relative difference K/V {c['max_rel_kv']:.1e}, "

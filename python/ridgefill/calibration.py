@@ -30,6 +30,7 @@ from .data.texts import calibration_texts, text_hash
 from .maps import RidgeMaps, calibration_cov, context_features, model_hash, model_provenance, weight_fingerprint
 from .validate import check_context, check_int, check_real
 from .ridge import RidgeStats, check_context_penalty, fit_maps
+from .select import induction_scores
 
 
 def special_prefix(tokenizer) -> list[int]:
@@ -344,6 +345,7 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
                                    context=context)
     out = {}
     provenance = model_provenance(model)
+    induction = induction_scores(adapter_for(model))  # the heads row selection scores with, stored in the maps
     for split, (fit, held) in collected.items():
         result = fit_maps(fit, lam, held if held.count else None, context_penalty=context_penalty, progress=progress)
         meta = {"model_name": model_name, **provenance, "calibration_tokens": fit.count + held.count,
@@ -357,7 +359,8 @@ def calibrate_many(model: torch.nn.Module, tokenizer, texts: Sequence[str] | Map
         out[split] = RidgeMaps(split, result.weights.float(), result.biases.float(), result.lambdas, meta,
                                result.stats, mean_h=None if mean_h is None else mean_h[:fit.hidden].float(),
                                mean_x=None if mean_x is None else mean_x.float(),
-                               cov_h=calibration_cov(result.stats).float() if inputs else None)
+                               cov_h=calibration_cov(result.stats).float() if inputs else None,
+                               induction=induction)
         if on_maps is not None:
             on_maps(split, out[split])
     return out

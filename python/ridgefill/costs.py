@@ -268,7 +268,7 @@ def exact_cost(shape: ModelShape, n: int, *, bytes_per_value: int = 2) -> Prefil
 
 def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = True,
               bytes_per_value: int = 2, selected=(), rounds: int = 1, kv_maps: bool = False,
-              queries: int = 1, context: int = 0) -> PrefillCost:
+              queries: int = 1, context: int = 0, predicted: bool = False) -> PrefillCost:
     """Cost of the fill prefill of ``n`` rows at split ``S = split`` with ``T = tail`` exact rows.
 
     Args:
@@ -290,6 +290,11 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
             pass with the tail and the chosen rows exact, plus the leverage scores (a ``d × d`` solve and
             ``2·d²`` FLOPs per row; counted for n-gram parts too, which need no multiply: a bound that is
             a little low for them, 0.3 % of the fill at 2,048 rows on SmolLM2).
+        predicted: with ``rounds = 0``, the rows were chosen by one-pass parts (``by="predicted"``): every row's
+            map and K/V are computed (the tail's and the chosen rows' too, which their exact pass then
+            overwrites), and the ``queries`` scoring rows cost, per late layer, a map, a query projection
+            (``2·d·H·h``) and one attention row of the last position (an upper bound, as for two passes);
+            no leverage scores.
         queries: rows whose attention scores the filled rows per round (``Select.queries +
             Select.reference``; for a :class:`~ridgefill.select.Selection` the sum over its attention
             parts, :attr:`~ridgefill.select.Selection.queries`; at most the exact rows, ``tail`` plus the
@@ -326,7 +331,11 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
     exact_rows = tail + passes * (tail + k)
     kv_rows = filled  # filled rows whose K/V come from the maps
     chosen_passes, leverage = passes, 0  # passes in which the chosen rows attend
-    if rounds == 0 and k:  # chosen up front: one pass, the chosen rows exact, no filled K/V for them
+    scoring_rows = 0  # rows whose predicted queries score (one-pass parts)
+    if rounds == 0 and predicted:  # one pass: every row's map and K/V, then the tail and the chosen rows exact
+        exact_rows, kv_rows, chosen_passes = tail + k, n, 1
+        scoring_rows = min(queries, tail)
+    elif rounds == 0 and k:  # chosen up front: one pass, the chosen rows exact, no filled K/V for them
         exact_rows, kv_rows, chosen_passes = tail + k, filled - k, 1
         leverage = 2 * shape.hidden ** 3 // 3 + n * (2 * shape.hidden ** 2 + 2 * shape.hidden)
     kv_out = 2 * shape.kv_heads * shape.head_dim
@@ -335,7 +344,8 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
     map_flops = 2 * features * map_out + map_out if (maps or kv_maps) else 0
     kv_flops = 0 if kv_maps else shape.kv_flops
     chosen_attention = sum(shape.attention_flops(p, p + 1) for p in selected)
-    scoring = passes * min(queries, tail + k) * shape.attention_flops(n - 1, n)
+    scoring = (passes * min(queries, tail + k) + scoring_rows) * shape.attention_flops(n - 1, n)
+    q_proj = 2 * shape.hidden * shape.heads * shape.head_dim
     lower_lin, late_lin = shape.linear_count(0, lower), shape.linear_count(lower, shape.layers)
     lower_att, late_att = lower - lower_lin, late - late_lin  # attention layers below and above the split
     parts = {
@@ -350,7 +360,7 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
                       + late_att * ((1 + passes) * shape.attention_flops(filled, n)
                                     + chosen_passes * chosen_attention + scoring)
                       + (lower_lin + late_lin) * n * shape.recurrence_flops),
-        "maps": late * kv_rows * map_flops + leverage,
+        "maps": late * (kv_rows * map_flops + scoring_rows * (map_flops + q_proj)) + leverage,
         "lm_head": 2 * shape.hidden * shape.vocab,
     }
     if not shape.linear_layers:
@@ -360,15 +370,16 @@ def fill_cost(shape: ModelShape, n: int, split: int, tail: int, *, maps: bool = 
 
 
 def ideal_ratio(config_or_shape, n: int, split: int, tail: int, *, maps: bool = True, selected=(),
-                rounds: int = 1, kv_maps: bool = False, queries: int = 1, context: int = 0) -> float:
+                rounds: int = 1, kv_maps: bool = False, queries: int = 1, context: int = 0,
+                predicted: bool = False) -> float:
     """``exact_cost(N).flops / fill_cost(N, S, T, ...).flops``: the speed-up of an ideal fill path when
     prefill is compute-bound. Accepts a ``transformers`` config or a :class:`ModelShape`; ``selected``,
-    ``rounds``, ``kv_maps``, ``queries`` and ``context`` as in :func:`fill_cost`.
+    ``rounds``, ``kv_maps``, ``queries``, ``context`` and ``predicted`` as in :func:`fill_cost`.
 
     Raises:
         InputError: a size out of range or a config without the needed fields.
     """
     shape = config_or_shape if isinstance(config_or_shape, ModelShape) else ModelShape.from_config(config_or_shape)
     cost = fill_cost(shape, n, split, tail, maps=maps, selected=selected, rounds=rounds, kv_maps=kv_maps,
-                     queries=queries, context=context)
+                     queries=queries, context=context, predicted=predicted)
     return exact_cost(shape, n).flops / cost.flops

@@ -10,8 +10,9 @@ from __future__ import annotations
 MODEL = "smollm2"
 #: Exact rows at the end of every prompt (``tail``).
 TAIL = 256
-#: Row selection (``select``): the default setting, ``"on"`` (:data:`ridgefill.select.DEFAULT_SELECT`).
-SELECT = "on"
+#: Row selection (``select``): ``"auto"``, the setting the maps record (``ridgefill tune`` writes it), else ``"on"``
+#: (:data:`ridgefill.select.DEFAULT_SELECT`).
+SELECT = "auto"
 #: What the maps read: ``1``, context maps ``[h_S(t), h_S(t−1)]``; ``0``, the row's own ``h_S(t)``.
 CONTEXT = 1
 #: Context maps: the ridge penalty on the previous row's block, as a multiple of ``λ`` (1: one ``λ``).

@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 from transformers import DynamicCache
@@ -48,10 +49,10 @@ from . import defaults
 from .adapters import adapter_for
 from .adapters.base import record_sliding_windows, trim_sliding_windows, write_rows
 from .errors import InputError, NonFiniteError
-from .maps import RidgeMaps, context_features, predict_inputs
+from .maps import RidgeMaps, context_features, context_rows, predict_inputs
 from .select import (AttentionScores, Planner, Select, Selection, as_select, as_selection, check_leverage_stats,
-                     uses_leverage)
-from .validate import binds_prompt, check_choice, check_int, check_rows, prompt_digest
+                     leverage_scores, read_scores, uses_leverage)
+from .validate import check_choice, check_int, check_rows, prompt_digest
 
 __all__ = ["MODES", "PrefillResult", "RowPlan", "context_features", "exact_positions", "generate_after",
            "predict_inputs", "prefill", "prefill_instrumented"]
@@ -98,7 +99,8 @@ class PrefillResult:
 
 
 def exact_positions(num_rows: int, tail: int, exact_rows: Iterable[int] = ()) -> Tensor:
-    """Sorted unique positions that run the full model: the last ``tail`` rows plus ``exact_rows``.
+    """Sorted unique positions that run the full model: the last ``tail`` rows plus ``exact_rows``
+    (``int64`` on the host).
 
     Raises:
         InputError: ``tail`` outside ``1..num_rows``, or an exact row outside ``0..num_rows-1``.
@@ -107,15 +109,16 @@ def exact_positions(num_rows: int, tail: int, exact_rows: Iterable[int] = ()) ->
         raise InputError(f"tail={tail} must be between 1 and the prompt length {num_rows}: the last row "
                          "must be exact, and the tail cannot be longer than the prompt (use mode='exact' "
                          "to run every row exactly)")
-    rows = torch.as_tensor(list(exact_rows), dtype=torch.long)
-    if rows.numel() and (rows.min() < 0 or rows.max() >= num_rows):
+    rows = np.asarray(list(exact_rows), dtype=np.int64)
+    if rows.size and (rows.min() < 0 or rows.max() >= num_rows):
         raise InputError(f"exact_rows must lie in 0..{num_rows - 1}; got {rows.tolist()}")
-    return torch.unique(torch.cat([rows, torch.arange(num_rows - tail, num_rows)]))
+    return torch.from_numpy(np.union1d(rows, np.arange(num_rows - tail, num_rows)))
 
 
 @dataclass(frozen=True)
 class RowPlan:
-    """Which rows of a prompt run every layer (exact) and which only write late-layer K/V (filled).
+    """Which rows of a prompt run every layer (exact) and which only write late-layer K/V (filled). Host
+    arrays: the plan is decided on the host, so the late layers' shapes never wait for the device.
 
     Attributes:
         num_rows: ``N``.
@@ -124,29 +127,48 @@ class RowPlan:
     """
 
     num_rows: int
-    exact: Tensor
-    chosen: Tensor
+    exact: np.ndarray
+    chosen: np.ndarray
 
     @property
-    def filled(self) -> Tensor:
+    def filled(self) -> np.ndarray:
         """Sorted ``int64`` ``[N − E]``: the rows not in :attr:`exact`."""
-        keep = torch.ones(self.num_rows, dtype=torch.bool, device=self.exact.device)
-        keep[self.exact] = False
-        return keep.nonzero().flatten()
+        return np.setdiff1d(np.arange(self.num_rows), self.exact, assume_unique=True)
 
 
-def _rows(x: Tensor, index: Tensor, dim: int) -> Tensor:
-    """``x`` restricted to ``index`` along ``dim``: a view when the index is a contiguous range."""
-    n = index.numel()
-    if n and int(index[-1] - index[0]) == n - 1:
-        return x.narrow(dim, int(index[0]), n)
+def _runs(rows: np.ndarray) -> list[tuple[int, int]]:
+    """The sorted host ``rows`` as maximal runs of consecutive positions ``[(start, stop), ...]``."""
+    if rows.size == 0:
+        return []
+    cut = np.flatnonzero(np.diff(rows) != 1) + 1
+    return [(int(r[0]), int(r[-1]) + 1) for r in np.split(rows, cut)]
+
+
+def _rows(x: Tensor, host: np.ndarray, index: Tensor, dim: int) -> Tensor:
+    """``x`` restricted to the rows ``index`` (device) along ``dim``, ``host`` the same rows on the host: a
+    view when they are one run of consecutive positions."""
+    n = host.size
+    if n and int(host[-1]) - int(host[0]) == n - 1:
+        return x.narrow(dim, int(host[0]), n)
     return x.index_select(dim, index)
 
 
-def _check_finite(x: Tensor, where: str) -> None:
-    if not torch.isfinite(x).all():
-        raise NonFiniteError(f"NaN or Inf in the activations at {where}; check the model weights, the "
-                             "maps and the dtype (float16 can overflow: use float32 or bfloat16)")
+def _on(device: torch.device, rows: np.ndarray) -> Tensor:
+    """Host ``int64`` rows as a device index tensor (pinned and asynchronous where the device is an accelerator)."""
+    t = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+    if device.type == "cpu":
+        return t
+    return (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)
+
+
+def _check_finite(flags: list[bool], where: list[str]) -> None:
+    """Raise :class:`NonFiniteError` for the first ``False`` of ``flags`` (read from the device at once)."""
+    for ok, place in zip(flags, where):
+        if not ok:
+            raise NonFiniteError(f"NaN or Inf in the activations at {place}; check the model weights, the "
+                                 "maps and the dtype (float16 can overflow: use float32 or bfloat16)")
+
+
 
 
 def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = None, *,
@@ -166,10 +188,14 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
             checked against ``model`` and ``split``.
         tail: rows at the end of the prompt that run the full model (``1 ≤ tail ≤ N``; default 256).
         exact_rows: further absolute positions that run the full model.
-        select: row selection (:mod:`ridgefill.select`): ``"on"`` (the default, query-aware: the question
-            must be in the tail), ``"prompt"`` (query-agnostic), ``"off"``/``None``, a spec string of
+        select: row selection (:mod:`ridgefill.select`): ``"auto"`` (the default: the setting the maps record,
+            :attr:`~ridgefill.maps.RidgeMaps.select`, else ``"on"``), ``"on"`` (query-aware: the question must be
+            in the tail; :data:`~ridgefill.select.DEFAULT_SELECT`), ``"two-pass"`` / ``"one-pass"``,
+            ``"prompt"`` (query-agnostic), ``"off"``/``None``, a spec string of
             :meth:`~ridgefill.select.Select.parse`, or a :class:`~ridgefill.select.Select` /
-            :class:`~ridgefill.select.Selection`. Ignored in mode ``"exact"``, where every row is exact.
+            :class:`~ridgefill.select.Selection`. Ignored in mode ``"exact"``, where every row is exact. The
+            plan is decided on the host: a prefill reads the device a constant number of times (the prompt,
+            the scores of each selection round, the finiteness checks; ``tests/test_syncs.py``).
         mode: ``"ridge"`` (default), ``"centred"``, ``"identity"``, ``"none"`` or ``"exact"`` (module docstring).
         split: ``S`` (``0 ≤ S ≤ L-2``); defaults to ``maps.split``; required for identity/none without maps.
 
@@ -180,8 +206,8 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
     Raises:
         InputError: a bad type, shape or value of an argument (checked before any layer runs); a padded
             batch (a mask with zeros, or rows that start or end with the pad token where others do not); a
-            selection with attention parts in mode ``"none"``; on models with recurrent-state layers, exact rows outside
-            the tail, row selection or K/V maps (pass ``select="off"``).
+            selection with attention parts in mode ``"none"``; one-pass parts with K/V maps; on models with
+            recurrent-state layers, exact rows outside the tail, row selection or K/V maps (pass ``select="off"``).
         MapsMismatchError: ``maps`` belong to another model or split.
         NonFiniteError: NaN/Inf activations.
     """
@@ -189,7 +215,6 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
                                 split=split, attention_mask=attention_mask)
 
 
-@binds_prompt
 @torch.inference_mode()
 def prefill_instrumented(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = None, *,
                          tail: int = defaults.TAIL, exact_rows: Iterable[int] = (),
@@ -207,10 +232,10 @@ def prefill_instrumented(model: torch.nn.Module, input_ids: Tensor, maps: RidgeM
             and their positions ``filled`` ``[rows]`` before any exact row reads them (in sliding-window layers
             only the rows some exact row sees); returns the ``(k, v)`` to write instead (same shapes).
             :mod:`ridgefill.evaluate.splice` uses it.
-        fast: compute the filled rows' K/V of all late layers in one batched step
-            (:meth:`~ridgefill.adapters.LlamaAdapter.fill_kv`) where the adapter has it, there is no
-            ``kv_hook`` and every late layer reads every filled row; ``False`` takes the per-layer path (the
-            reference the fast path is tested against; equal up to float rounding).
+        fast: compute the filled rows' K/V with :meth:`~ridgefill.adapters.LlamaAdapter.fill_kv` (norm folded
+            into the K/V weights, RoPE written into the cache) where the adapter has it, there is no ``kv_hook``
+            and every late layer reads every filled row; ``False`` takes the per-layer path (the reference the
+            fast path is tested against; equal up to float rounding).
 
     Raises:
         InputError: as :func:`prefill`; ``logits`` other than ``"last"``/``"exact"``; ``kv_hook`` not callable
@@ -221,30 +246,31 @@ def prefill_instrumented(model: torch.nn.Module, input_ids: Tensor, maps: RidgeM
             or input_ids.dtype != torch.long:
         got = f"{input_ids.dtype} {tuple(input_ids.shape)}" if isinstance(input_ids, Tensor) else type(input_ids).__name__
         raise InputError(f"input_ids must be an int64 tensor [batch, rows]; got {got}")
-    select = None if mode == "exact" else as_select(select)
-    if select is not None and mode == "none" and as_selection(select).rounds:
+    if maps is not None and not isinstance(maps, RidgeMaps):
+        raise InputError(f"maps must be a RidgeMaps (ridgefill.load_maps) or None; got {type(maps).__name__}")
+    select = None if mode == "exact" else resolve_select(select, maps)
+    if select is not None and mode == "none" and any(p.by in ("attention", "predicted") for p in as_selection(select).parts):
         raise InputError(f"select {select} has attention parts, which score the filled rows' late-layer K/V; mode "
                          "'none' writes none: pass select='off' (or make every part by='leverage' or 'ngram')")
+    ids = input_ids.cpu().numpy()  # the one read of the prompt: checks, the digest and the lexical part use it
     vocab = model.get_input_embeddings().num_embeddings
-    if input_ids.numel() == 0 or int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
-        got = "no rows" if input_ids.numel() == 0 else f"ids in {int(input_ids.min())}..{int(input_ids.max())}"
+    if ids.size == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        got = "no rows" if ids.size == 0 else f"ids in {int(ids.min())}..{int(ids.max())}"
         raise InputError(f"input_ids must be token ids in 0..{vocab - 1} (this model's vocabulary) with at least "
                          f"one batch row; got {got}: tokenize with this model's tokenizer")
-    _check_unpadded(model, input_ids, attention_mask)
-    n = input_ids.shape[1]
+    _check_unpadded(model, ids, attention_mask)
+    n = ids.shape[1]
     tail = check_int(tail, "tail", lo=1, hi=n, hint="the last row must be exact and the tail cannot be longer than "
               "the prompt (use mode='exact' to run every row exactly)")
     exact_rows = check_rows(exact_rows, "exact_rows", n)
     check_choice(logits, "logits", ("last", "exact"))
     if split is not None:
         split = check_int(split, "split", lo=0)
-    if maps is not None and not isinstance(maps, RidgeMaps):
-        raise InputError(f"maps must be a RidgeMaps (ridgefill.load_maps) or None; got {type(maps).__name__}")
     if kv_hook is not None and not callable(kv_hook):
         raise InputError(f"kv_hook must be callable or None; got {type(kv_hook).__name__}")
-    ex = exact_positions(n, tail, exact_rows).to(input_ids.device)
+    ex = exact_positions(n, tail, exact_rows).numpy()
     if mode == "exact":
-        return _prefill_exact(model, input_ids, ex, logits)
+        return _bind(_prefill_exact(model, input_ids, _on(input_ids.device, ex), logits), ex, ids)
 
     adapter = adapter_for(model)
     L = adapter.num_layers
@@ -269,10 +295,15 @@ def prefill_instrumented(model: torch.nn.Module, input_ids: Tensor, maps: RidgeM
     if uses_leverage(select):  # the query-agnostic part scores with the calibration covariance
         check_leverage_stats(select, maps)
         maps.check_model(model, split)
+    kind = maps.kind if mode == "ridge" else "inputs"
+    if select is not None and kind != "inputs" and any(p.by == "predicted" for p in as_selection(select).parts):
+        raise InputError(f"select {select} has one-pass parts (by='predicted'), which score with the late layers' "
+                         "predicted queries; K/V maps predict keys and values only: use input maps, or the "
+                         "two-pass selection (--select two-pass)")
 
     device = input_ids.device
-    plan = RowPlan(n, ex, torch.zeros(0, dtype=torch.long, device=device))
     positions = torch.arange(n, device=device)
+    every = np.arange(n)
     x = adapter.embed(input_ids)
     rope = adapter.rope(positions, x)
     keys, values = [], []
@@ -283,35 +314,49 @@ def prefill_instrumented(model: torch.nn.Module, input_ids: Tensor, maps: RidgeM
         else:
             shape = (x.shape[0], adapter.num_kv_heads, n, adapter.head_dim)
             k, v = x.new_empty(shape), x.new_empty(shape)
-        x = adapter.layer(layer, x, rope, positions, k, v)
+        x = adapter.layer(layer, x, rope, positions, k, v, host=every)
         keys.append(k)
         values.append(v)
-    _check_finite(x, f"the split state h_S (output of layer {split})")
+    finite = [torch.isfinite(x).all()]  # read with the logits' check, at the end
 
-    kind = maps.kind if mode == "ridge" else "inputs"
-    feats = context_features(x, maps.context) if mode == "ridge" else x  # the maps' input rows
-    late = _LateLayers(adapter, range(split + 1, L), x, feats, rope, _fill_maps(mode, maps, x), kv_hook,
-                       batched=fast and kv_hook is None and kind == "inputs", none=mode == "none", kind=kind,
+    context = maps.context if mode == "ridge" else 0
+    late = _LateLayers(adapter, range(split + 1, L), x, rope, _fill_maps(mode, maps, x), context, kv_hook,
+                       fast=fast and kv_hook is None and kind == "inputs", none=mode == "none", kind=kind,
                        state=state)
-    planner = Planner(as_selection(select), n, device) if select is not None else None
-    exact = plan.exact
-    if planner is not None:
-        exact = planner.up_front(input_ids, x, maps, tail, exact)
-    rounds = planner.rounds if planner is not None else 0
-    ran, scorers = None, {}
-    for r in range(rounds + 1):  # a first pass; after each round of the attention parts, a pass if rows changed
-        if ran is None or not torch.equal(ran, exact):
-            scorers = planner.scorers(adapter, r) if planner is not None else {}
-            out, ran = late.run(exact, list(scorers.values())), exact
-        if r < rounds:
-            exact = planner.after_pass(r, scorers, exact)
-    plan = RowPlan(n, exact, planner.chosen if planner is not None else plan.chosen)
+    exact, chosen = ex, np.zeros(0, dtype=np.int64)
+    if select is not None:
+        planner = Planner(as_selection(select), n)
+        induction = maps.induction if maps is not None else None
+        exact = planner.up_front(ids, tail, exact, read_scores(late.up_front_scores(planner, maps, exact, induction)))
+        out, exact = late.select_passes(planner, exact, induction)
+        chosen = planner.chosen
+    else:
+        out = late.run(exact)
 
     result = adapter.logits(out[:, -1:] if logits == "last" else out)
-    _check_finite(result, "the logits of the exact rows")
-    late_k, late_v = late.cache_rows(plan.exact)
+    finite.append(torch.isfinite(result).all())
+    _check_finite(torch.stack(finite).tolist(), [f"the split state h_S (output of layer {split})",
+                                                 "the logits of the exact rows"])
+    late_k, late_v = late.cache_rows(exact)
     cache = adapter.build_cache(keys + late_k, values + late_v)
-    return PrefillResult(cache, result, plan.exact, split, mode, plan.chosen if planner is not None else None)
+    return _bind(PrefillResult(cache, result, torch.from_numpy(exact), split, mode,
+                               torch.from_numpy(chosen) if select is not None else None), exact, ids)
+
+
+def _bind(result: PrefillResult, exact: np.ndarray, ids: np.ndarray) -> PrefillResult:
+    """Record on ``result`` the prompt it was computed from (``prompt_rows``, ``prompt_sha256``), so that
+    :func:`generate_after` can refuse another prompt."""
+    result.prompt_rows = int(ids.shape[1])
+    result.prompt_sha256 = prompt_digest(ids)
+    return result
+
+
+def resolve_select(select, maps: RidgeMaps | None):
+    """``select`` as :func:`prefill` reads it: ``"auto"`` is the setting recorded in ``maps`` (``ridgefill tune``
+    writes it, :attr:`RidgeMaps.select`), else ``"on"``; anything else as :func:`~ridgefill.select.as_select`."""
+    if isinstance(select, str) and select.strip() == "auto":
+        select = maps.select if maps is not None and maps.select is not None else "on"
+    return as_select(select)
 
 
 def _pad_id(model: torch.nn.Module) -> int | None:
@@ -323,29 +368,30 @@ def _pad_id(model: torch.nn.Module) -> int | None:
     return None
 
 
-def _check_unpadded(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None) -> None:
-    """Refuse a padded batch: ``attention_mask`` with a zero, or rows that start (left padding) or end (right
-    padding) with the pad token where other rows do not. The fill has no mask: its exact rows, its filled
-    rows and a hybrid model's recurrent states would all take the pads in (docs/method.md, "Batches")."""
+def _check_unpadded(model: torch.nn.Module, ids: np.ndarray, attention_mask: Tensor | None) -> None:
+    """Refuse a padded batch (``ids``: the host copy of ``input_ids``): ``attention_mask`` with a zero, or rows
+    that start (left padding) or end (right padding) with the pad token where other rows do not. The fill has
+    no mask: its exact rows, its filled rows and a hybrid model's recurrent states would all take the pads in
+    (docs/method.md, "Batches")."""
     fix = ("prefill takes no attention mask: give one prompt, or a batch of prompts of one length without "
            "padding; prefill prompts of other lengths one at a time")
     if attention_mask is not None:
-        if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
+        if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(ids.shape):
             got = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
-            raise InputError(f"attention_mask must be a tensor of the shape of input_ids {tuple(input_ids.shape)}; "
+            raise InputError(f"attention_mask must be a tensor of the shape of input_ids {tuple(ids.shape)}; "
                              f"got {got}")
-        pads = (attention_mask == 0).sum(1)
-        if bool(pads.any()):
-            rows = pads.nonzero().flatten().tolist()
+        pads = (attention_mask.cpu().numpy() == 0).sum(1)
+        if pads.any():
+            rows = np.flatnonzero(pads).tolist()
             raise InputError(f"the batch is padded: attention_mask masks {int(pads.sum())} position(s) in row(s) "
                              f"{rows[:8]}; {fix}")
     pad = _pad_id(model)
-    if pad is None or input_ids.shape[0] < 2:
+    if pad is None or ids.shape[0] < 2:
         return
     for side, col in (("start", 0), ("end", -1)):
-        hit = input_ids[:, col] == pad
-        if bool(hit.any()) and not bool(hit.all()):
-            rows = hit.nonzero().flatten().tolist()
+        hit = ids[:, col] == pad
+        if hit.any() and not hit.all():
+            rows = np.flatnonzero(hit).tolist()
             raise InputError(f"the batch looks padded: row(s) {rows[:8]} {side} with the pad token {pad} and other "
                              f"rows do not ({'left' if col == 0 else 'right'} padding); {fix}")
 
@@ -365,119 +411,170 @@ def _fill_maps(mode: str, maps: RidgeMaps | None, like: Tensor) -> tuple[Tensor,
 
 
 class _LateLayers:
-    """The late layers ``S+1..L-1`` of one prefill: one step per layer, by its kind.
+    """The late layers ``S+1..L-1`` of one prefill: one step per layer, by its kind, over a host row plan.
 
-    :meth:`run` runs the exact rows through every late layer. Before the exact rows run an attention
+    :meth:`run` runs the exact rows through the late layers. Before the exact rows run an attention
     layer, every filled row that layer can read has its K/V (computed once per row and layer, from
-    ``h_S`` through the maps); before they run a recurrent layer, the filled rows have advanced its
-    state (once). Calling :meth:`run` again with more exact rows (row selection) recomputes only the
+    ``h_S`` through the maps, :meth:`fill`); before they run a recurrent layer, the filled rows have advanced
+    its state (once). Calling :meth:`run` again with more exact rows (row selection) recomputes only the
     late layers of the exact rows; rows that became exact overwrite their predicted K/V with exact ones.
+    Which rows run is decided on the host (:class:`RowPlan`): no step reads the device to size its work.
     """
 
-    def __init__(self, adapter, late: range, h: Tensor, feats: Tensor, rope, maps: tuple[Tensor, Tensor] | None,
-                 kv_hook: KVHook | None, *, batched: bool, none: bool, kind: str = "inputs", state=None):
-        self.adapter, self.late, self.h, self.feats, self.rope = adapter, late, h, feats, rope
-        self.maps, self.kv_hook, self.batched, self.none, self.kind = maps, kv_hook, batched, none, kind
+    def __init__(self, adapter, late: range, h: Tensor, rope, maps: tuple[Tensor, Tensor] | None, context: int,
+                 kv_hook: KVHook | None, *, fast: bool, none: bool, kind: str = "inputs", state=None):
+        self.adapter, self.late, self.h, self.rope, self.context = adapter, late, h, rope, context
+        self.maps, self.kv_hook, self.none, self.kind = maps, kv_hook, none, kind
         self.state = state  # recurrent layers' conv and delta-rule states (hybrid models), else None
         self.attention = [layer not in adapter.recurrent_layers for layer in late]
+        self.fast = fast and all(self.attention) and hasattr(adapter, "fill_kv") and adapter.supports_fill_kv()
+        sliding = any(getattr(adapter, "is_sliding", lambda _: False)(layer) for layer in late)
         b, n = h.shape[0], h.shape[1]
-        shape = (len(late), b, adapter.num_kv_heads, n, adapter.head_dim)
-        self.keys, self.values = h.new_zeros(shape), h.new_zeros(shape)
-        self.have = torch.zeros(len(late), n, dtype=torch.bool, device=h.device)  # rows holding K/V (or state)
-
-    def run(self, exact: Tensor, scorers: list[AttentionScores] = ()) -> Tensor:
-        """Run the exact rows (sorted ``int64`` ``[E]``) through the late layers; returns their output of
-        the last layer ``[batch, E, d]``. Each of ``scorers`` records the attention of its last
-        ``scorer.rows`` exact rows (query and reference rows)."""
-        n = self.h.shape[1]
-        keep = torch.ones(n, dtype=torch.bool, device=self.h.device)
-        keep[exact] = False
-        filled = keep.nonzero().flatten()
-        write = not self.none and filled.numel() > 0
-        if write and self._can_batch(filled, exact):
-            self._fill_batched(filled)
-            write = False  # every late layer's filled rows hold their K/V now
-        visible = None  # mode "none": late layers read the exact rows only
-        if self.none:
-            visible = torch.zeros(n, dtype=torch.bool, device=self.h.device)
-            visible[exact] = True
-        x, rope_ex = _rows(self.h, exact, 1), self.rope.rows(exact)
-        for i, layer in enumerate(self.late):
-            if self.attention[i]:
-                if write:
-                    self._write_filled_kv(i, layer, filled, exact)
-                x_in = x
-                x = self.adapter.layer(layer, x, rope_ex, exact, self.keys[i], self.values[i], visible=visible)
-                for scorer in scorers:
-                    q = min(scorer.rows, exact.numel())
-                    scorer.add(layer, x_in[:, -q:], rope_ex.rows(slice(-q, None)), exact[-q:], self.keys[i], visible)
-            else:
-                if write:
-                    self._advance_state(i, layer, filled)
-                x = self.adapter.layer(layer, x, rope_ex, exact, self.state, None)
-        return x
+        shape = (b, adapter.num_kv_heads, n, adapter.head_dim)
+        # every position is written before it is read on the fast path without sliding windows; elsewhere rows
+        # no exact row reads (mode "none", outside a window) stay zero, and a masked key must not be NaN
+        new = h.new_empty if self.fast and not (none or sliding) else h.new_zeros
+        self.keys = [new(shape) if att else None for att in self.attention]
+        self.values = [new(shape) if att else None for att in self.attention]
+        self.have = np.zeros((len(late), n), dtype=bool)  # rows holding K/V (or having advanced the state)
+        self.device = h.device
 
     def _predicted(self, i: int, rows: Tensor) -> Tensor:
-        """``x̂`` of late layer ``i`` for ``rows``: ``h_S W + b`` (or ``h_S`` itself for the identity fill)."""
+        """``x̂`` of late layer ``i`` for ``rows`` (device index): ``f W + b`` with ``f`` the rows' map inputs
+        (:func:`~ridgefill.maps.context_rows`), or ``h_S`` itself for the identity fill."""
         if self.maps is None:
-            return _rows(self.h, rows, 1)
-        return predict_inputs(_rows(self.feats, rows, 1), self.maps[0][i], self.maps[1][i])
+            return self.h.index_select(1, rows)
+        return predict_inputs(context_rows(self.h, rows, self.context), self.maps[0][i], self.maps[1][i])
 
-    def _can_batch(self, filled: Tensor, exact: Tensor) -> bool:
-        ad = self.adapter
-        return (self.batched and not self.have.any() and all(self.attention) and hasattr(ad, "fill_kv")
-                and ad.supports_fill_kv()
-                and all(ad.needed_filled_rows(layer, filled, exact) is None for layer in self.late))
-
-    def _fill_batched(self, filled: Tensor) -> None:
-        """Every late layer's filled-row K/V at once (:meth:`~ridgefill.adapters.LlamaAdapter.fill_kv`)."""
-        first, count = int(filled[0]), filled.numel()
-        contiguous = int(filled[-1]) - first + 1 == count
-        if contiguous:
-            outs = self.keys.narrow(3, first, count), self.values.narrow(3, first, count)
-        else:
-            shape = self.keys.shape[:3] + (count, self.keys.shape[4])
-            outs = self.h.new_empty(shape), self.h.new_empty(shape)
-        w, b = self.maps if self.maps is not None else (None, None)
-        self.adapter.fill_kv(self.late, _rows(self.h if w is None else self.feats, filled, 1), w, b,
-                             self.rope.rows(filled), *outs)
-        if not contiguous:
-            self.keys.index_copy_(3, filled, outs[0])
-            self.values.index_copy_(3, filled, outs[1])
-        self.have[:, filled] = True
-
-    def _write_filled_kv(self, i: int, layer: int, filled: Tensor, exact: Tensor) -> None:
-        """Attention layer ``layer`` (index ``i``): the filled rows it can read that lack K/V write them."""
-        ad = self.adapter
-        need = ad.needed_filled_rows(layer, filled, exact)
-        rows = filled if need is None else filled[need]
-        rows = rows[~self.have[i, rows]]
-        if rows.numel() == 0:
+    def fill(self, rows: np.ndarray, exact: np.ndarray) -> None:
+        """Predicted K/V of the host ``rows`` (sorted) in every attention layer that can read them (``exact``:
+        the rows that read them), where not written yet."""
+        if rows.size == 0 or self.none:
             return
-        x_hat = self._predicted(i, rows)
-        if self.kind == "kv":  # K/V maps predict the pre-RoPE keys and values themselves
-            kf, vf = ad.kv_from_targets(layer, x_hat, self.rope.rows(rows))
-        else:
-            kf, vf = ad.kv(layer, x_hat, self.rope.rows(rows))
-        if self.kv_hook is not None:
-            kf, vf = self.kv_hook(layer, kf, vf, rows)
-        write_rows(self.keys[i], self.values[i], rows, kf, vf)
-        self.have[i, rows] = True
+        ad = self.adapter
+        if self.fast and all(ad.needed_filled_rows(layer, rows, exact) is None for layer in self.late):
+            lack = rows[~self.have[0, rows]]
+            w, b = self.maps if self.maps is not None else (None, None)
+            for start, stop in _runs(lack):
+                self.adapter.fill_kv(self.late, self.h, w, b, self.rope.rows(slice(start, stop)), self.keys,
+                                     self.values, start, stop)
+            self.have[:, lack] = True
+            return
+        for i, layer in enumerate(self.late):
+            if not self.attention[i]:
+                continue
+            need = ad.needed_filled_rows(layer, rows, exact)
+            sub = rows if need is None else rows[need]
+            sub = sub[~self.have[i, sub]]
+            if sub.size == 0:
+                continue
+            index = _on(self.device, sub)
+            x_hat = self._predicted(i, index)
+            rope = self.rope.rows(index)
+            if self.kind == "kv":  # K/V maps predict the pre-RoPE keys and values themselves
+                kf, vf = ad.kv_from_targets(layer, x_hat, rope)
+            else:
+                kf, vf = ad.kv(layer, x_hat, rope)
+            if self.kv_hook is not None:
+                kf, vf = self.kv_hook(layer, kf, vf, index)
+            write_rows(self.keys[i], self.values[i], index, kf, vf)
+            self.have[i, sub] = True
 
-    def _advance_state(self, i: int, layer: int, filled: Tensor) -> None:
-        """Recurrent layer ``layer`` (index ``i``): the filled rows advance its state from their predicted
-        inputs, once, before any exact row runs it."""
-        if not self.have[i].any():
-            self.adapter.advance_state(layer, self._predicted(i, filled), self.state)
-            self.have[i, filled] = True
+    def run(self, exact: np.ndarray, scorers=(), start: int = 0, stop: int | None = None,
+            x: Tensor | None = None) -> Tensor:
+        """Run the exact rows (sorted host ``int64`` ``[E]``) through late layers ``start .. stop-1`` (indices
+        into the late layers; all by default), from ``x`` (their input of layer ``start``; ``h_S`` of the rows
+        when ``None``); returns their output ``[batch, E, d]``. Each of ``scorers`` records the attention of
+        its last ``scorer.rows`` exact rows."""
+        n = self.h.shape[1]
+        stop = len(self.late) if stop is None else stop
+        filled = np.setdiff1d(np.arange(n), exact, assume_unique=True)
+        self.fill(filled, exact)
+        index = _on(self.device, exact)
+        visible = None  # mode "none": late layers read the exact rows only
+        if self.none:
+            visible = torch.zeros(n, dtype=torch.bool, device=self.device)
+            visible[index] = True
+        if x is None:
+            x = _rows(self.h, exact, index, 1)
+        rope = self.rope.rows(slice(int(exact[0]), int(exact[-1]) + 1) if exact[-1] - exact[0] == exact.size - 1
+                              else index)
+        for i in range(start, stop):
+            layer = self.late[i]
+            if not self.attention[i]:
+                if filled.size and not self.none and not self.have[i].any():
+                    self.adapter.advance_state(layer, self._predicted(i, _on(self.device, filled)), self.state)
+                    self.have[i, filled] = True
+                x = self.adapter.layer(layer, x, rope, index, self.state, None, host=exact)
+                continue
+            x_in = x
+            x = self.adapter.layer(layer, x, rope, index, self.keys[i], self.values[i], visible=visible, host=exact)
+            for scorer in scorers:
+                q = min(scorer.rows, exact.size)
+                scorer.add(layer, x_in[:, -q:], rope.rows(slice(-q, None)), index[-q:], self.keys[i], visible,
+                           host=exact[-q:])
+        return x
 
-    def cache_rows(self, exact: Tensor) -> tuple[list, list]:
+    def up_front_scores(self, planner: Planner, maps: RidgeMaps | None, exact: np.ndarray,
+                        induction: Tensor | None) -> dict[int, Tensor]:
+        """Device scores of the up-front parts scored on the device: a query-agnostic part's leverage of
+        ``h_S``; a one-pass part's attention of the last exact rows' predicted queries over every row's
+        predicted keys in the kept heads (every row's predicted K/V are written first; exact rows overwrite
+        theirs when they run)."""
+        out: dict[int, Tensor] = {}
+        parts = planner.parts
+        predicted = {i: AttentionScores(self.adapter, self.h.shape[1], parts[i], induction)
+                     for i in planner.device_parts() if parts[i].by == "predicted"}
+        for i in planner.device_parts():
+            if parts[i].by == "leverage":
+                out[i] = leverage_scores(self.h, maps.mean_h, maps.cov_h)
+        if not predicted:
+            return out
+        self.fill(np.arange(self.h.shape[1]), exact)
+        rows = exact[-max(s.rows for s in predicted.values()):]
+        index = _on(self.device, rows)
+        rope = self.rope.rows(index)
+        for i, layer in enumerate(self.late):
+            scoring = [s for s in predicted.values() if s.heads[layer]]
+            if not scoring or not self.attention[i]:
+                continue
+            x_hat = self._predicted(i, index)
+            for s in scoring:
+                q = min(s.rows, rows.size)
+                s.add(layer, x_hat[:, -q:], rope.rows(slice(-q, None)), index[-q:], self.keys[i], None, host=rows[-q:])
+        out.update({i: s.scores for i, s in predicted.items()})
+        return out
+
+    def select_passes(self, planner: Planner, exact: np.ndarray, induction: Tensor | None) -> tuple[Tensor, np.ndarray]:
+        """The late layers with row selection's attention rounds (none: one pass): a pass of the exact rows
+        that records the attention parts' scores, which are read once, then the parts choose and a pass runs
+        the rows that changed. A scoring pass stops after the last layer with a kept head; when no row
+        changes, the pass goes on from there. Returns the last layer's output of the exact rows and the
+        final exact set."""
+        x, done, ran = None, len(self.late), None
+        for r in range(planner.rounds + 1):
+            if ran is None or not np.array_equal(ran, exact):
+                scorers = planner.scorers(self.adapter, r, induction)
+                done = len(self.late)
+                if scorers:  # the scores need the layers up to the last kept head only
+                    done = 1 + max(layer for s in scorers.values() for layer in s.layers()) - self.late.start
+                    done = min(max(done, 0), len(self.late))
+                x, ran = self.run(exact, list(scorers.values()), stop=done), exact
+            if r < planner.rounds:
+                exact = planner.after_pass(r, read_scores({i: s.scores for i, s in scorers.items()}), exact)
+        if done < len(self.late):  # no row changed after the last scoring pass: finish it
+            x = self.run(exact, start=done, x=x)
+        return x, exact
+
+    def cache_rows(self, exact: np.ndarray) -> tuple[list, list]:
         """Per late layer ``[batch, kv_heads, rows, head_dim]`` K/V for the returned cache: every row
         (mode ``"none"``: the exact rows only); a recurrent layer's state stands for its cache."""
         if self.none:
-            keys, values = [_rows(k, exact, 2) for k in self.keys], [_rows(v, exact, 2) for v in self.values]
+            index = _on(self.device, exact)
+            keys = [None if k is None else _rows(k, exact, index, 2) for k in self.keys]
+            values = [None if v is None else _rows(v, exact, index, 2) for v in self.values]
         else:
-            keys, values = list(self.keys.unbind(0)), list(self.values.unbind(0))
+            keys, values = list(self.keys), list(self.values)
         for i, att in enumerate(self.attention):
             if not att:
                 keys[i], values[i] = self.state, None
@@ -485,7 +582,8 @@ class _LateLayers:
 
 
 def _prefill_exact(model: torch.nn.Module, input_ids: Tensor, ex: Tensor, logits: str) -> PrefillResult:
-    """Mode ``"exact"``: the plain ``transformers`` forward; LM head on the requested rows only."""
+    """Mode ``"exact"``: the plain ``transformers`` forward; LM head on the requested rows only (``ex``: the
+    exact positions, a device index)."""
     cache = DynamicCache(config=model.config)
     record_sliding_windows(cache)  # sliding-window layers keep a whole window, so generate_after can crop(-1)
     out = model.get_decoder()(input_ids=input_ids, cache=cache, use_cache=True)
@@ -493,8 +591,8 @@ def _prefill_exact(model: torch.nn.Module, input_ids: Tensor, ex: Tensor, logits
     hidden = out.last_hidden_state
     hidden = hidden[:, -1:] if logits == "last" else hidden[:, ex]
     result = model.get_output_embeddings()(hidden)
-    _check_finite(result, "the logits of the exact forward")
-    return PrefillResult(out.cache, result, ex, None, "exact")
+    _check_finite([bool(torch.isfinite(result).all())], ["the logits of the exact forward"])
+    return PrefillResult(out.cache, result, ex.cpu(), None, "exact")
 
 
 @torch.inference_mode()

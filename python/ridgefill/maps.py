@@ -32,9 +32,15 @@ from .errors import InputError, MapsFormatError, MapsMismatchError
 from .fileio import atomic_write, atomic_write_all, file_lock
 from .integrity import KEY as HASH_KEY, content_hashes, verify
 from .ridge import CONTEXT_PENALTY_RANGE, RidgeStats, check_context_penalty
+from .select import as_select
 from .validate import check_context, finite_float, is_int
 
-FORMAT_VERSION = 1
+#: The maps file's format: version 2 adds the tensor ``induction`` and the metadata ``select``; version 1
+#: files are still read (:data:`READ_VERSIONS`).
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
+#: The statistics file's format.
+STATS_FORMAT_VERSION = 1
 _CONFIG_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "rope_parameters",
                 "rope_theta", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings")
@@ -145,6 +151,24 @@ def context_features(h_split: Tensor, context: int) -> Tensor:
     return torch.cat([h_split, prev], -1)
 
 
+def context_rows(h_split: Tensor, rows: Tensor, context: int) -> Tensor:
+    """``context_features(h_split, context)[:, rows]`` without building the features of the other rows.
+
+    Args:
+        h_split: ``[batch, N, d]`` split states of the rows ``0..N-1``.
+        rows: ``[k]`` int64 positions (device index).
+        context: ``0`` or ``1`` (:func:`context_features`).
+
+    Returns:
+        ``[batch, k, d]`` or ``[batch, k, 2d]`` (``[h_S(t), h_S(t−1)]``, zeros before row 0).
+    """
+    cur = h_split.index_select(1, rows)
+    if context == 0:
+        return cur
+    prev = h_split.index_select(1, (rows - 1).clamp(min=0)) * (rows > 0).to(h_split.dtype)[:, None]
+    return torch.cat([cur, prev], -1)
+
+
 @dataclass
 class RidgeMaps:
     """Fitted maps for one model and split.
@@ -163,6 +187,9 @@ class RidgeMaps:
         cov_h: calibration covariance of ``h_S`` ``[d, d]`` (tensor ``cov_h``; ``None`` in older files):
             the query-agnostic row selection ranks rows by their leverage under it
             (:func:`ridgefill.select.leverage_scores`).
+        induction: the model's induction score per layer and head ``[L, heads]`` (tensor ``induction``,
+            format version 2; ``None`` in older files): the heads row selection scores with
+            (:func:`ridgefill.select.induction_scores`), computed once at calibration.
     """
 
     split: int
@@ -174,6 +201,14 @@ class RidgeMaps:
     mean_h: Tensor | None = field(default=None, repr=False, compare=False)
     mean_x: Tensor | None = field(default=None, repr=False, compare=False)
     cov_h: Tensor | None = field(default=None, repr=False, compare=False)
+    induction: Tensor | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def select(self) -> str | None:
+        """The row selection setting these maps were tuned with (metadata ``select``, written by
+        ``ridgefill tune``: ``"off"``, ``"one-pass"``, ``"two-pass"`` or a spec of
+        :meth:`ridgefill.select.Select.parse`), which ``select="auto"`` follows; ``None`` when not recorded."""
+        return self.meta.get("select")
 
     @property
     def kind(self) -> str:
@@ -207,7 +242,8 @@ class RidgeMaps:
         """A copy with the tensors cast (the fill applies the maps in the model's dtype)."""
         cast = (lambda t: None if t is None else t.to(device=device, dtype=dtype))
         return RidgeMaps(self.split, cast(self.weights), cast(self.biases), list(self.lambdas), dict(self.meta),
-                         mean_h=cast(self.mean_h), mean_x=cast(self.mean_x), cov_h=cast(self.cov_h))
+                         mean_h=cast(self.mean_h), mean_x=cast(self.mean_x), cov_h=cast(self.cov_h),
+                         induction=self.induction)
 
     def centred_biases(self) -> Tensor:
         """``b_l = x̄_l − h̄`` ``[L-S-1, d]``: the biases of the centred identity fill (``W = I``), the
@@ -251,6 +287,10 @@ class RidgeMaps:
             raise MapsMismatchError(
                 f"maps have weights {tuple(self.weights.shape)} and biases {tuple(self.biases.shape)}, but this "
                 f"model at S={self.split} needs {expected} and {expected[::2]}; {fix}")
+        heads = (cfg.num_hidden_layers, cfg.num_attention_heads)
+        if self.induction is not None and tuple(self.induction.shape) != heads:
+            raise MapsMismatchError(f"maps hold induction scores {tuple(self.induction.shape)}, but this model has "
+                                    f"{heads[0]} layers of {heads[1]} heads; {fix}")
         want = self.meta.get("model_hash")
         if want is not None and want != model_hash(model):
             raise MapsMismatchError(
@@ -309,6 +349,8 @@ class RidgeMaps:
             tensors["mean_x"] = self.mean_x.detach().to(torch.float32).contiguous().cpu()
             if self.cov_h is not None:
                 tensors["cov_h"] = self.cov_h.detach().to(torch.float32).contiguous().cpu()
+        if self.induction is not None:
+            tensors["induction"] = self.induction.detach().to(torch.float32).contiguous().cpu()
         path = Path(path)
         if path.is_dir():
             raise InputError(f"cannot write maps to {str(path)!r}: it is a folder; give a file name such as "
@@ -403,7 +445,7 @@ def _stats_payload(stats: RidgeStats, meta: dict) -> tuple[dict[str, Tensor], st
     if stats.count == 0:
         raise InputError("cannot save empty statistics (no calibration rows)")
     tensors = {k: getattr(stats, k).detach().to(torch.float64).contiguous().cpu() for k in _STATS_TENSORS}
-    meta = dict(meta, format_version=FORMAT_VERSION, count=stats.count, layers=stats.layers,
+    meta = dict(meta, format_version=STATS_FORMAT_VERSION, count=stats.count, layers=stats.layers,
                 hidden=stats.hidden, outputs=stats.outputs, targets=stats.targets, context=stats.context)
     meta.pop(HASH_KEY, None)
     try:
@@ -413,15 +455,18 @@ def _stats_payload(stats: RidgeStats, meta: dict) -> tuple[dict[str, Tensor], st
         raise InputError(f"statistics metadata cannot be written as JSON ({e}); use plain numbers and strings") from e
 
 
-#: The maps file's header fields that change what the maps compute, covered by its content hash.
+#: The maps file's header fields that change what the maps compute, covered by its content hash (version 2
+#: also ``select``, the selection setting ``select="auto"`` follows).
 MAPS_FIELDS = ("format_version", "split", "lambdas", "kind", "context", "context_penalty")
 #: The statistics file's header fields covered by its content hash.
 STATS_FIELDS = ("format_version", "count", "layers", "hidden", "outputs", "targets", "context", "split", "maps_sha256")
 
 
 def maps_fields(meta: dict) -> dict:
-    """The :data:`MAPS_FIELDS` of a maps file's metadata (``None`` where absent), as hashed."""
-    return {k: meta.get(k) for k in MAPS_FIELDS}
+    """The :data:`MAPS_FIELDS` of a maps file's metadata (``None`` where absent), as hashed; from format
+    version 2 also ``select``."""
+    keys = MAPS_FIELDS + (("select",) if meta.get("format_version", 1) >= 2 else ())
+    return {k: meta.get(k) for k in keys}
 
 
 def stats_fields(meta: dict) -> dict:
@@ -487,6 +532,7 @@ _MAPS_SCHEMA: dict[str, Callable[[object], bool]] = {
     "solve_method": lambda v: v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
     "context": lambda v: is_int(v) and v in (0, 1),
     "context_penalty": lambda v: _finite_real(v) and CONTEXT_PENALTY_RANGE[0] <= v <= CONTEXT_PENALTY_RANGE[1],
+    "select": lambda v: v is None or isinstance(v, str),
 }
 #: The same for a statistics file.
 _STATS_SCHEMA: dict[str, Callable[[object], bool]] = {
@@ -515,9 +561,9 @@ def load_stats(path: str | os.PathLike) -> tuple[RidgeStats, dict]:
         raise InputError(f"statistics file {str(path)!r} does not exist; {redo}")
     meta, tensors = _read(path, "ridgefill_stats", "statistics file", redo)
     if (meta is None or set(tensors) != set(_STATS_TENSORS) or not is_int(meta.get("format_version"))
-            or meta.get("format_version") != FORMAT_VERSION):
+            or meta.get("format_version") != STATS_FORMAT_VERSION):
         raise MapsFormatError(f"{str(path)!r} is not a RidgeFill statistics file of format version "
-                              f"{FORMAT_VERSION} (tensors {sorted(tensors)}); {redo}")
+                              f"{STATS_FORMAT_VERSION} (tensors {sorted(tensors)}); {redo}")
     bad = _bad_meta(meta, _STATS_SCHEMA) + [f"{k} missing" for k in ("layers", "hidden", "count") if k not in meta]
     if bad:
         raise MapsFormatError(f"statistics file {str(path)!r} has bad metadata: {', '.join(bad)}; {redo}")
@@ -580,14 +626,18 @@ def load_maps(path: str | os.PathLike) -> RidgeMaps:
         raise InputError(f"maps file {str(path)!r} does not exist; create it with `ridgefill calibrate`")
     redo = "refit it with `ridgefill calibrate`"
     meta, tensors = _read(path, "ridgefill", "maps file", redo)
-    if meta is None or set(tensors) not in ({"weights", "biases"}, {"weights", "biases", "mean_h", "mean_x"},
-                                            {"weights", "biases", "mean_h", "mean_x", "cov_h"}):
+    core = set(tensors) - {"induction"}
+    if meta is None or core not in ({"weights", "biases"}, {"weights", "biases", "mean_h", "mean_x"},
+                                    {"weights", "biases", "mean_h", "mean_x", "cov_h"}):
         raise MapsFormatError(f"{str(path)!r} is a safetensors file but not a RidgeFill maps file "
                               f"(tensors {sorted(tensors)}); {redo}")
     version = meta.get("format_version")
-    if not is_int(version) or version != FORMAT_VERSION:
+    if not is_int(version) or version not in READ_VERSIONS:
         raise MapsFormatError(f"maps file {str(path)!r} has format version {version!r}, "
-                              f"this RidgeFill reads version {FORMAT_VERSION}; {redo}")
+                              f"this RidgeFill reads versions {', '.join(map(str, READ_VERSIONS))}; {redo}")
+    if version < 2 and ("induction" in tensors or "select" in meta):
+        raise MapsFormatError(f"maps file {str(path)!r} of format version {version} holds the induction scores or "
+                              f"the selection setting of version 2; {redo}")
     bad = _bad_meta(meta, _MAPS_SCHEMA) + [f"{k} missing" for k in ("split", "lambdas") if k not in meta]
     if bad:
         raise MapsFormatError(f"maps file {str(path)!r} has bad metadata: {', '.join(bad)} (split: an integer "
@@ -622,6 +672,17 @@ def load_maps(path: str | os.PathLike) -> RidgeMaps:
         raise MapsFormatError(f"maps file {str(path)!r} has a calibration covariance of shape {tuple(cov_h.shape)}, "
                               f"expected {(d, d)}; {redo}")
     verify(stored, tensors, fields, what=f"maps file {str(path)!r}", redo=redo)
+    induction = tensors.get("induction")
+    if induction is not None and (induction.ndim != 2 or induction.shape[0] != split + 1 + w.shape[0]):
+        raise MapsFormatError(f"maps file {str(path)!r} has induction scores of shape {tuple(induction.shape)}, "
+                              f"expected [{split + 1 + w.shape[0]} layers, heads]; {redo}")
     if not all(torch.isfinite(t).all() for t in tensors.values()):
         raise MapsFormatError(f"maps file {str(path)!r} holds NaN or Inf values; {redo}")
-    return RidgeMaps(split, w, b, [float(v) for v in lambdas], meta, mean_h=mean_h, mean_x=mean_x, cov_h=cov_h)
+    if "select" in meta:
+        try:  # a recorded setting that does not parse is refused on load, not at prefill
+            as_select(meta["select"])
+        except InputError as e:
+            raise MapsFormatError(f"maps file {str(path)!r} records the selection setting {meta['select']!r}, "
+                                  f"which does not parse ({e}); {redo}") from e
+    return RidgeMaps(split, w, b, [float(v) for v in lambdas], meta, mean_h=mean_h, mean_x=mean_x, cov_h=cov_h,
+                     induction=induction)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -127,6 +128,12 @@ class Select:
             question quotes, which the attention over predicted keys misses on multikey cases
             (research/log.md, "Row selection"); it relies on the question repeating the
             prompt's words.
+            Or ``"predicted"`` (query-aware, one pass): scored as ``"attention"`` is, but before the late layers
+            run, by the attention of the last exact rows' *predicted* late-layer queries (their layer inputs
+            through the maps, then the layer's norm, query projection and RoPE) over every row's predicted
+            keys (:meth:`ridgefill.fill._LateLayers.up_front_scores`); ``rounds`` is not used. The late layers
+            then run once, with the chosen rows exact: the mode for engines that cannot rerun rows
+            (recurrent layers, a llama.cpp graph). Needs input maps.
         min_score: a lexical part's threshold: only rows whose :func:`ngram_scores` score (not its
             contrast) is at least this and above 0 anchor a window. ``3`` (the preset) asks a row to end
             shared sequences weighing 3 (e.g. the 2-, 3- and 4-token ones, each found once outside
@@ -144,7 +151,7 @@ class Select:
     sink: int = 1
     top_heads: int = 8
     contrast: int = 128
-    by: Literal["attention", "leverage", "ngram"] = "attention"
+    by: Literal["attention", "leverage", "ngram", "predicted"] = "attention"
     reference: int = 0
     floor: float = 1.0
     min_score: float = 0.0
@@ -171,8 +178,8 @@ class Select:
             raise InputError(f"select queries must be an int ≥ 1; got {self.queries!r}")
         if self.heads not in ("sum", "max", "induction"):
             raise InputError(f"select heads must be 'sum', 'max' or 'induction'; got {self.heads!r}")
-        if self.by not in ("attention", "leverage", "ngram"):
-            raise InputError(f"select by must be 'attention', 'leverage' or 'ngram'; got {self.by!r}")
+        if self.by not in ("attention", "leverage", "ngram", "predicted"):
+            raise InputError(f"select by must be 'attention', 'leverage', 'ngram' or 'predicted'; got {self.by!r}")
         if self.top_heads < 1:
             raise InputError(f"select top_heads must be ≥ 1; got {self.top_heads}")
         if not isinstance(self.rounds, int) or self.rounds < 1:
@@ -195,7 +202,8 @@ class Select:
 
     @classmethod
     def parse(cls, spec: str) -> "Select | Selection | None":
-        """``"off"`` → ``None``; ``"on"`` or ``"default"`` → :data:`DEFAULT_SELECT`; ``"attention"`` →
+        """``"off"`` → ``None``; ``"on"`` or ``"default"`` → :data:`DEFAULT_SELECT`; ``"two-pass"`` /
+        ``"one-pass"`` → :data:`TWO_PASS_SELECT` / :data:`ONE_PASS_SELECT`; ``"attention"`` →
         ``Select()`` (the attention rule alone); else ``key=value`` pairs separated by commas, e.g.
         ``"budget=0.025,before=2,after=12,queries=1,heads=sum,rounds=1,contrast=0"`` (missing keys: the
         :class:`Select` defaults);
@@ -215,6 +223,8 @@ class Select:
             return None
         if spec in ("on", "default"):
             return DEFAULT_SELECT
+        if spec in NAMED:
+            return NAMED[spec]()
         if spec == "attention":
             return Select()
         if spec.startswith("total"):
@@ -327,8 +337,13 @@ class Selection:
     @property
     def by(self) -> str:
         """``"attention"`` if any part scores by attention (then the fill runs two passes), else the first
-        part's (``"leverage"`` or ``"ngram"``: every row is chosen before the late layers)."""
+        part's (``"leverage"``, ``"ngram"`` or ``"predicted"``: every row is chosen before the late layers)."""
         return "attention" if self.rounds else self.parts[0].by
+
+    @property
+    def passes(self) -> int:
+        """Passes of the late layers: ``1`` when every part is chosen up front, else ``rounds + 1``."""
+        return self.rounds + 1
 
     @property
     def queries(self) -> int:
@@ -337,10 +352,18 @@ class Selection:
         return self.scored_rows()
 
     def scored_rows(self, exact_rows: int | None = None) -> int:
-        """Rows scored per round over the attention parts, each part at most ``exact_rows`` (the exact
-        rows there are: ``_LateFill.run`` hands a part its last ``queries + reference`` of them)."""
+        """Rows scored per round over the attention parts (the one-pass parts when there are no attention
+        parts), each part at most ``exact_rows`` (the exact rows there are: a part gets the last
+        ``queries + reference`` of them)."""
         cap = float("inf") if exact_rows is None else exact_rows
-        return sum(min(p.queries + p.reference, cap) for p in self.parts if p.by == "attention")
+        by = "attention" if self.rounds else "predicted"
+        return sum(min(p.queries + p.reference, cap) for p in self.parts if p.by == by)
+
+    def cost_args(self, exact_rows: int) -> dict:
+        """The :func:`ridgefill.costs.fill_cost` arguments that describe this selection's passes and scoring
+        (``rounds``, ``queries``, ``predicted``), with ``exact_rows`` exact rows before the choice."""
+        predicted = not self.rounds and any(p.by == "predicted" for p in self.parts)
+        return {"rounds": self.rounds, "queries": self.scored_rows(exact_rows), "predicted": predicted}
 
     def __str__(self) -> str:
         """The ``--select`` spec: the parts' specs joined by ``+``, then ``+total=F`` when a total is set
@@ -390,117 +413,141 @@ def as_selection(select: "Select | Selection") -> Selection:
 #: terms the tail refers back to).
 KEY_TOKEN_PARTS = (Select(budget=0.02, reference=63), Select(budget=0.03, queries=256, before=0, after=3, contrast=0))
 
-#: The selection ``ridgefill run`` uses by default and ``--select on`` names everywhere (``ridgefill bench``,
-#: ``generate``, ``eval``: off unless given), ``"ngram,budget=0.02+budget=0.02,reference=63+budget=0.03,
+#: The two-pass selection (``--select two-pass``), ``"ngram,budget=0.02+budget=0.02,reference=63+budget=0.03,
 #: before=0,after=3,queries=256,contrast=0+total=0.05"``: the lexical part with up to 2 % of the prompt (a
 #: window around each row that ends a quoted sequence scoring ``min_score = 3``, such as a needle's key),
-#: then :data:`KEY_TOKEN_PARTS` for the rest of 5 %. On SmolLM2 at S = 15 with the default mix maps:
-#: 16, 16, 16, 14 single needles at 1K-8K (exact 16, 16, 16, 13), 14, 10, 11, 7 multikey (exact 11, 8, 11, 4),
-#: key-token ΔNLL +0.456 (plain ridge +1.617) with the plain maps (docs/evaluate.md has the figures of the
-#: context maps, the default). A question that does not quote the prompt leaves the lexical
-#: part no anchor, and its budget goes to the attention parts.
-DEFAULT_SELECT = Selection((Select(**NGRAM_PRESET, budget=0.02), *KEY_TOKEN_PARTS), total=0.05)
+#: then :data:`KEY_TOKEN_PARTS` for the rest of 5 %, scored in a first pass of the late layers. On SmolLM2 at
+#: S = 15 with the default mix maps: 16, 16, 16, 14 single needles at 1K-8K (exact 16, 16, 16, 13), 14, 10,
+#: 11, 7 multikey (exact 11, 8, 11, 4), key-token ΔNLL +0.456 (plain ridge +1.617) with the plain maps
+#: (docs/evaluate.md has the figures of the context maps, the default). A question that does not quote the
+#: prompt leaves the lexical part no anchor, and its budget goes to the attention parts.
+TWO_PASS_SELECT = Selection((Select(**NGRAM_PRESET, budget=0.02), *KEY_TOKEN_PARTS), total=0.05)
+
+#: The one-pass selection (``--select one-pass``): :data:`TWO_PASS_SELECT` with its attention parts scored
+#: before the late layers, from the tail's predicted queries over every row's predicted keys
+#: (``by="predicted"``); the late layers run once (docs/evaluate.md, "One pass or two").
+ONE_PASS_SELECT = Selection((Select(**NGRAM_PRESET, budget=0.02),
+                             *(Select(**{**{f: getattr(p, f) for f in p.__dataclass_fields__}, "by": "predicted"})
+                               for p in KEY_TOKEN_PARTS)), total=0.05)
+
+#: The selection ``--select on`` names everywhere (``ridgefill run``'s and ``prefill``'s default through
+#: ``auto`` when the maps record none; ``ridgefill bench``, ``generate``, ``eval``): :data:`TWO_PASS_SELECT`
+#: (docs/evaluate.md, "One pass or two", has the comparison that decides it).
+DEFAULT_SELECT = TWO_PASS_SELECT
 
 
-def choose_rows(scores: Tensor, candidates: Tensor, select: Select, budget: int) -> Tensor:
-    """The extra exact rows: best-scoring candidates, each widened, until ``budget`` rows.
+def _host(x, dtype) -> np.ndarray:
+    """A host NumPy array of ``dtype`` from a NumPy array, a list or a tensor (a device tensor is read to the
+    host: one synchronisation; a host tensor is viewed)."""
+    if isinstance(x, Tensor):
+        x = x.detach()
+        x = x.numpy() if x.device.type == "cpu" else x.cpu().numpy()
+    return np.asarray(x, dtype=dtype)
+
+
+def choose_rows(scores, candidates, select: Select, budget: int) -> np.ndarray:
+    """The extra exact rows: best-scoring candidates, each widened, until ``budget`` rows. Runs on the host.
 
     Args:
-        scores: ``[N]`` float, one score per position (only ``candidates`` are read).
+        scores: ``[N]`` float (NumPy or a host tensor), one score per position (only ``candidates`` are read).
         candidates: ``[N]`` bool, the positions that may be chosen (the filled rows).
         budget: the most rows to return.
 
     Returns:
-        Sorted ``int64`` positions ``[k]``, ``k ≤ budget``, all among ``candidates``: first the
+        Sorted ``int64`` NumPy positions ``[k]``, ``k ≤ budget``, all among ``candidates``: first the
         candidates among the ``select.sink`` first rows, then windows around the best-scoring other
         candidates (by :func:`local_contrast` when ``select.contrast > 0``; ties by position). A window
         that would overflow the budget is cut to fit it. A lexical part (``select.by == "ngram"``) anchors
         windows only at candidates whose own score (before any contrast) is above 0 and at least
         ``select.min_score``: with no such row left it leaves the rest of its budget unspent.
     """
-    n = scores.numel()
-    chosen = torch.zeros(n, dtype=torch.bool, device=scores.device)
-    sink = torch.arange(min(select.sink, n), device=scores.device)
-    sink = sink[candidates[sink]][:budget]
+    scores = _host(scores, np.float32)
+    candidates = _host(candidates, bool).copy()  # the sink rows are taken out below
+    n = scores.shape[0]
+    chosen = np.zeros(n, dtype=bool)
+    sink = np.arange(min(select.sink, n))
+    sink = sink[candidates[sink]][:max(budget, 0)]
     chosen[sink] = True
-    candidates = candidates.clone()
     candidates[: select.sink] = False
     anchors = candidates  # the rows a window may be centred on
     if select.by == "ngram":  # a lexical match, above the threshold, on the score itself (not its contrast)
         anchors = candidates & (scores > 0) & (scores >= select.min_score)
     if select.contrast > 0:
         scores = local_contrast(scores, candidates, select.contrast)
-    order = torch.argsort(torch.where(anchors, scores.float(), float("-inf")), descending=True, stable=True)
-    used = sink.numel()
-    for r in order.tolist():
-        if used >= budget or not bool(anchors[r]):
+    ranked = np.where(anchors, scores, np.float32(-np.inf))
+    order = np.argsort(-ranked, kind="stable")[: int(anchors.sum())]  # anchors, best first, ties by position
+    used = sink.size
+    for r in order:
+        if used >= budget:
             break
         if chosen[r]:
             continue
-        window = torch.arange(max(0, r - select.before), min(n, r + select.after + 1), device=scores.device)
-        window = window[candidates[window] & ~chosen[window]]
+        lo, hi = max(0, r - select.before), min(n, r + select.after + 1)
+        window = lo + np.flatnonzero(candidates[lo:hi] & ~chosen[lo:hi])
         window = window[: budget - used]
         chosen[window] = True
-        used += window.numel()
-    return chosen.nonzero().flatten()
+        used += window.size
+    return np.flatnonzero(chosen).astype(np.int64)
 
 
-def local_contrast(scores: Tensor, candidates: Tensor, width: int) -> Tensor:
+def local_contrast(scores, candidates, width: int) -> np.ndarray:
     """``scores / (m + 0.01 / N)``: each score over the mean ``m`` of the candidates' scores within
-    ``width`` rows of it (itself included), ``[N]`` float32; non-candidates are left out of every mean.
+    ``width`` rows of it (itself included), ``[N]`` float32 NumPy; non-candidates are left out of every
+    mean. Runs on the host.
 
     The floor ``0.01 / N`` (1 % of uniform attention over ``N`` rows) keeps rows that no query attends
     to from ranking high on noise.
     """
-    n = scores.numel()
-    s = torch.where(candidates, scores.double(), 0.0)  # float64 sums: window means of small probabilities
-    zero = s.new_zeros(1)
-    total = torch.cat([zero, s.cumsum(0)])
-    count = torch.cat([zero, candidates.double().cumsum(0)])
-    idx = torch.arange(n, device=scores.device)
-    lo, hi = (idx - width).clamp(min=0), (idx + width + 1).clamp(max=n)
-    mean = (total[hi] - total[lo]) / (count[hi] - count[lo]).clamp(min=1)
-    return (scores.double() / (mean + 0.01 / n)).float()
+    scores = _host(scores, np.float32).astype(np.float64)  # float64 sums: window means of small probabilities
+    candidates = _host(candidates, bool)
+    n = scores.shape[0]
+    s = np.where(candidates, scores, 0.0)
+    total = np.concatenate([[0.0], np.cumsum(s)])
+    count = np.concatenate([[0.0], np.cumsum(candidates, dtype=np.float64)])
+    idx = np.arange(n)
+    lo, hi = np.clip(idx - width, 0, None), np.clip(idx + width + 1, None, n)
+    mean = (total[hi] - total[lo]) / np.clip(count[hi] - count[lo], 1, None)
+    return (scores / (mean + 0.01 / n)).astype(np.float32)
 
 
-def ngram_scores(input_ids: Tensor, queries: Tensor, sizes: tuple[int, ...] = NGRAM_SIZES) -> Tensor:
+def ngram_scores(input_ids, queries, sizes: tuple[int, ...] = NGRAM_SIZES) -> np.ndarray:
     """Lexical row scores: for each row outside ``queries``, the sum over the ``k``-token sequences (``k`` in
     ``sizes``) that end at it and also end at a query row of ``1 / (the number of rows outside the
     queries that end it)``, averaged over the batch (so :attr:`Select.min_score` means the same for a
-    batch as for one prompt).
+    batch as for one prompt). Runs on the host, from the token ids (no model).
 
     Args:
-        input_ids: ``[batch, N]`` int64 token ids.
+        input_ids: ``[batch, N]`` int64 token ids (NumPy or a host tensor).
         queries: ``[q]`` int64 positions of the query rows (in ``prefill``, the tail's last
             ``Select.queries`` rows); a sequence ending at a query row may start before it.
 
     Returns:
-        ``[N]`` float32 on ``input_ids``' device; ``0`` at the query rows and where a row ends no shared
-        sequence. Rare and long shared sequences weigh more: a needle's key, quoted by the question, ends
-        sequences of every length up to 5 found once in the prompt, and outscores the phrase every
-        needle shares and a common phrase of the question (research/log.md, "Row selection"). How
-        often the question repeats a sequence does not count.
+        ``[N]`` float32 NumPy; ``0`` at the query rows and where a row ends no shared sequence. Rare and
+        long shared sequences weigh more: a needle's key, quoted by the question, ends sequences of every
+        length up to 5 found once in the prompt, and outscores the phrase every needle shares and a common
+        phrase of the question (research/log.md, "Row selection"). How often the question repeats a
+        sequence does not count.
     """
-    n, device = input_ids.shape[1], input_ids.device
-    queries = queries.to(device)
-    outside = torch.ones(n, dtype=torch.bool, device=device)
+    input_ids, queries = _host(input_ids, np.int64), _host(queries, np.int64)
+    n = input_ids.shape[1]
+    outside = np.ones(n, dtype=bool)
     outside[queries] = False
-    scores = torch.zeros(n, dtype=torch.float64, device=device)
+    scores = np.zeros(n, dtype=np.float64)
     vocab = int(input_ids.max()) + 1
     for ids in input_ids:
         gram = ids  # gram[j]: an id of the k-token sequence ending at row j + k - 1 (equal iff the sequences are)
         for k in range(1, min(max(sizes), n) + 1):
             if k > 1:  # a k-token sequence is the (k-1)-token one before its last row, then that row's token
-                _, gram = torch.unique(gram[:-1] * vocab + ids[k - 1:], return_inverse=True)
+                _, gram = np.unique(gram[:-1] * vocab + ids[k - 1:], return_inverse=True)
             if k not in sizes:
                 continue
             ends = outside[k - 1:]
-            count = torch.bincount(gram[ends], minlength=int(gram.max()) + 1)
-            wanted = torch.zeros_like(count, dtype=torch.bool)
+            count = np.bincount(gram[ends], minlength=int(gram.max()) + 1)
+            wanted = np.zeros(count.shape[0], dtype=bool)
             wanted[gram[queries[queries >= k - 1] - (k - 1)]] = True
             hit = wanted[gram] & ends
-            scores[k - 1:] += torch.where(hit, 1.0 / count[gram].clamp(min=1), 0.0)
-    return (scores / input_ids.shape[0]).float()
+            scores[k - 1:] += np.where(hit, 1.0 / np.clip(count[gram], 1, None), 0.0)
+    return (scores / input_ids.shape[0]).astype(np.float32)
 
 
 def leverage_scores(h: Tensor, mean_h: Tensor, cov_h: Tensor) -> Tensor:
@@ -511,26 +558,34 @@ def leverage_scores(h: Tensor, mean_h: Tensor, cov_h: Tensor) -> Tensor:
             calibration mean and covariance of ``h_S`` (``RidgeMaps.mean_h``, ``RidgeMaps.cov_h``).
 
     Returns:
-        ``[N]`` float32. ``ε`` is ``10⁻³`` of the mean variance (``tr C / d``). A row far from the
-        calibration distribution in the directions it rarely varies along is one the maps extrapolate on;
-        on SmolLM2 at S = 15 a needle's tokens rank among the top 3 of ~2,000 rows (docs/evaluate.md).
+        ``[N]`` float32 on the device of ``h``. ``ε`` is ``10⁻³`` of the mean variance (``tr C / d``). A row
+        far from the calibration distribution in the directions it rarely varies along is one the maps
+        extrapolate on; on SmolLM2 at S = 15 a needle's tokens rank among the top 3 of ~2,000 rows
+        (docs/evaluate.md).
     """
-    c = cov_h.double()
+    c = cov_h.to(device=h.device, dtype=torch.float64)
     eye = torch.eye(c.shape[0], dtype=c.dtype, device=c.device)
-    d = (h.double() - mean_h.double().to(h.device)).to(c.device)  # [b, N, d]
-    solved = torch.linalg.solve(c + 1e-3 * c.diagonal().mean() * eye, d.transpose(-1, -2))  # [b, d, N]
-    return (d.transpose(-1, -2) * solved).sum(dim=(0, 1)).float().to(h.device)
+    d = h.double() - mean_h.to(device=h.device, dtype=torch.float64)  # [b, N, d]
+    # solve_ex: no singularity check to read back (C + εI is positive definite)
+    solved = torch.linalg.solve_ex(c + 1e-3 * c.diagonal().mean() * eye, d.transpose(-1, -2))[0]  # [b, d, N]
+    return (d.transpose(-1, -2) * solved).sum(dim=(0, 1)).float()
+
+
+#: Random token sequence of the induction score: its length and seed (:func:`induction_scores`).
+INDUCTION_PROBE = (256, 0)
 
 
 @torch.inference_mode()
-def induction_scores(adapter, length: int = 256, seed: int = 0) -> Tensor:
-    """Per layer and head: the induction (copy) score, ``[layers, heads]`` float32.
+def induction_scores(adapter, length: int = INDUCTION_PROBE[0], seed: int = INDUCTION_PROBE[1]) -> Tensor:
+    """Per layer and head: the induction (copy) score, ``[layers, heads]`` float32 on the host.
 
     A random sequence of ``length`` token ids (seeded; ids from the upper seven eighths of the
     vocabulary, away from special tokens) is repeated once and run through the exact model; a head's
     score is the mean attention each token of the second copy pays to the token that followed its first
     occurrence (the pattern of induction heads, Olsson et al. 2022, which copying a needle's value
-    needs). No text and no labels: it depends on the weights only. Cached on the adapter.
+    needs). No text and no labels: it depends on the weights only. ``ridgefill calibrate`` stores it in
+    the maps file (``RidgeMaps.induction``), so a prefill reads it from there; for maps without it, it
+    is computed once per adapter and cached there.
     """
     cached = getattr(adapter, "_induction_scores", None)
     if cached is not None and cached[0] == (length, seed):
@@ -551,14 +606,13 @@ def induction_scores(adapter, length: int = 256, seed: int = 0) -> Tensor:
         shape = (1, adapter.num_kv_heads, n, adapter.head_dim)
         keys = x.new_empty(shape)
         x_in = x
-        if adapter.is_recurrent(layer):
-            out.append(torch.zeros(adapter.num_heads))
-            x = adapter.layer(layer, x, rope, pos, keys, x.new_empty(shape))
-            continue
         x = adapter.layer(layer, x, rope, pos, keys, x.new_empty(shape))
+        if adapter.is_recurrent(layer):
+            out.append(torch.zeros(adapter.num_heads, device=device))
+            continue
         p = attention_probs(adapter, layer, x_in[:, second], rope.rows(second), second, keys, None)[0]  # [H, q, N]
-        out.append(p[:, torch.arange(second.numel(), device=device), target].mean(-1).float().cpu())
-    scores = torch.stack(out)
+        out.append(p[:, torch.arange(second.numel(), device=device), target].mean(-1).float())
+    scores = torch.stack(out).cpu()  # one read
     adapter._induction_scores = ((length, seed), scores)
     return scores
 
@@ -566,9 +620,12 @@ def induction_scores(adapter, length: int = 256, seed: int = 0) -> Tensor:
 def attention_probs(adapter, layer: int, x: Tensor, rope, positions: Tensor, keys: Tensor,
                     visible: Tensor | None) -> Tensor:
     """Softmax attention ``[batch, heads, q, N]`` (float32) of rows with layer input ``x`` ``[batch, q, d]``
-    at ``positions`` ``[q]`` over the ``N`` keys ``[batch, kv_heads, N, head_dim]`` each can see."""
+    at ``positions`` ``[q]`` over the ``N`` keys ``[batch, kv_heads, N, head_dim]`` each can see. Holds the
+    whole ``heads × q × N`` tensor: for short probes (:func:`induction_scores`) and tests;
+    :class:`AttentionScores` scores in chunks of keys."""
     q = adapter.queries(layer, x, rope)  # [b, H, q, hd]
-    k = keys.repeat_interleave(adapter.num_heads // adapter.num_kv_heads, dim=1).to(q.dtype)
+    b, kvh, n, hd = keys.shape
+    k = keys[:, :, None].expand(b, kvh, adapter.num_heads // kvh, n, hd).reshape(b, -1, n, hd).to(q.dtype)
     logits = (q @ k.transpose(-1, -2)).float() * adapter.scaling
     mask = adapter.visible_keys(layer, positions, keys.shape[2], visible)
     if mask is None:
@@ -576,130 +633,231 @@ def attention_probs(adapter, layer: int, x: Tensor, rope, positions: Tensor, key
     return logits.masked_fill(~mask, float("-inf")).softmax(-1)
 
 
-class AttentionScores:
-    """Accumulates, over late layers, the attention of the last ``select.queries`` exact rows over every
-    position (softmax over the keys each query row can see), relative to the ``select.reference`` rows
-    before them when that is set, reduced over heads and layers as ``select.heads`` says."""
+def kept_heads(select: Select, induction: Tensor, num_layers: int, num_heads: int) -> list[list[int]]:
+    """The heads an attention part scores, per layer (host lists of head indices): every head for
+    ``heads="sum"`` or ``"max"``; for ``"induction"`` the ``select.top_heads`` heads with the highest
+    ``induction`` score (``[layers, heads]``, :func:`induction_scores`), ties by position."""
+    if select.heads != "induction":
+        return [list(range(num_heads))] * num_layers
+    flat = _host(induction, np.float32).reshape(-1)
+    top = np.argsort(-flat, kind="stable")[: select.top_heads]
+    out: list[list[int]] = [[] for _ in range(num_layers)]
+    for i in sorted(top.tolist()):
+        out[i // num_heads].append(i % num_heads)
+    return out
 
-    def __init__(self, adapter, num_rows: int, select: Select):
-        self.adapter, self.select = adapter, select
-        device = next(adapter.model.parameters()).device  # scores live where the model runs (CUDA too)
+
+class AttentionScores:
+    """Scores every position by the attention of the last ``select.queries`` exact (or predicted) rows in
+    the kept heads (:func:`kept_heads`), relative to the ``select.reference`` rows before them when that
+    is set, reduced over heads and layers as ``select.heads`` says. The scores stay on the device
+    (``scores``, ``[N]`` float32) until the planner reads them.
+
+    The softmax is taken over the keys each query row can see, in chunks of keys (two sweeps: the
+    log-sum-exp, then the probabilities and their reduction), and only for the kept heads, so the extra
+    memory is ``O(kept heads · query rows · chunk)``, never ``heads · query rows · N``.
+
+    Args:
+        adapter: the model's adapter (or an object with its ``queries``, ``visible_keys``, ``num_heads``,
+            ``num_kv_heads``, ``num_layers`` and ``scaling``).
+        num_rows: ``N``.
+        select: the part (``by="attention"`` or ``"predicted"``).
+        induction: ``[layers, heads]`` induction scores (:func:`induction_scores`; ``RidgeMaps.induction``),
+            read for ``heads="induction"``; ``None`` computes them from ``adapter``.
+    """
+
+    #: Upper bound, in bytes, of one chunk's float32 logits (``batch · kept heads · query rows · keys``).
+    chunk_bytes: int = 16 * 2 ** 20
+
+    def __init__(self, adapter, num_rows: int, select: Select, induction: Tensor | None = None):
+        self.adapter, self.select, self.num_rows = adapter, select, num_rows
+        device = next(adapter.model.parameters()).device
         self.scores = torch.zeros(num_rows, dtype=torch.float32, device=device)
         self.rows = select.queries + select.reference  # the exact rows :meth:`add` is given (at most)
-        self.heads = None
-        if select.heads == "induction":
-            ind = induction_scores(adapter)
-            keep = torch.zeros(ind.numel(), dtype=torch.bool)
-            keep[torch.argsort(ind.flatten(), descending=True)[: select.top_heads]] = True
-            self.heads = keep.view_as(ind).to(device)  # [layers, H]
+        if select.heads == "induction" and induction is None:
+            induction = induction_scores(adapter)
+        self.heads = kept_heads(select, induction, adapter.num_layers, adapter.num_heads)
+        self._index = {}  # layer -> (query heads, their KV heads) as device index tensors
 
-    def add(self, layer: int, x: Tensor, rope, positions: Tensor, keys: Tensor, visible: Tensor | None) -> None:
+    def layers(self) -> list[int]:
+        """The layers with a kept head (the others are not scored)."""
+        return [layer for layer, heads in enumerate(self.heads) if heads]
+
+    def add(self, layer: int, x: Tensor, rope, positions: Tensor, keys: Tensor, visible: Tensor | None,
+            host: np.ndarray | None = None) -> None:
         """``x`` ``[batch, q, d]``: the input of ``layer`` of the last ``q ≤ self.rows`` exact rows at
-        ``positions`` ``[q]`` (reference rows first, then the ``select.queries`` query rows); ``keys``
-        ``[batch, kv_heads, N, head_dim]`` the layer's cache after those rows wrote theirs."""
-        if self.heads is not None and not bool(self.heads[layer].any()):
-            return  # no kept head in this layer
-        p = attention_probs(self.adapter, layer, x, rope, positions, keys, visible)  # [b, H, q, N]
-        k = min(self.select.queries, p.shape[2])
-        if p.shape[2] > k:  # reference rows: each head's query attention over their mean (+ floor / N)
-            ref = p[:, :, :-k].mean(2, keepdim=True) + self.select.floor / p.shape[-1]
-            p = p[:, :, -k:] / ref
-        p = p.sum(dim=(0, 2))  # [H, N]
-        p = p.to(self.scores.device)
-        if self.select.heads == "sum":
-            self.scores += p.sum(0)
-        elif self.select.heads == "max":
-            self.scores += p.amax(0)
-        else:
-            self.scores = torch.maximum(self.scores, p[self.heads[layer]].amax(0))
+        ``positions`` ``[q]`` (reference rows first, then the ``select.queries`` query rows; ``host``: the
+        same positions as a host array, read from ``positions`` when not given); ``keys`` ``[batch,
+        kv_heads, N, head_dim]`` the layer's cache after those rows wrote theirs."""
+        heads = self.heads[layer]
+        if not heads:
+            return
+        ad = self.adapter
+        if layer not in self._index:
+            group = ad.num_heads // ad.num_kv_heads
+            self._index[layer] = (torch.tensor(heads, device=x.device),
+                                  torch.tensor([h // group for h in heads], device=x.device))
+        q_heads, kv_heads = self._index[layer]
+        host = positions.cpu().numpy() if host is None else host
+        q = ad.queries(layer, x, rope).index_select(1, q_heads)  # [b, Hk, q, hd]
+        b, hk, nq, _ = q.shape
+        lo, hi = ad.key_range(layer, host, keys.shape[2])
+        step = max(1, self.chunk_bytes // (4 * b * hk * nq))
+        chunks = [(c0, min(hi, c0 + step)) for c0 in range(lo, hi, step)]
 
+        def logits(c0: int, c1: int) -> Tensor:
+            k = keys[:, :, c0:c1].index_select(1, kv_heads).to(q.dtype)  # [b, Hk, C, hd]
+            out = (q @ k.transpose(-1, -2)).float().mul_(ad.scaling)
+            mask = ad.visible_keys(layer, positions, c1 - c0, visible, first_key=c0)
+            if mask is None:  # every row and key in order: plain causal
+                mask = torch.arange(c0, c1, device=q.device)[None, :] <= positions[:, None]
+            return out.masked_fill_(~mask, float("-inf"))
 
+        lse = q.new_full((b, hk, nq, 1), float("-inf"), dtype=torch.float32)
+        for c0, c1 in chunks:
+            lse = torch.logaddexp(lse, logits(c0, c1).logsumexp(-1, keepdim=True))
+        k = min(self.select.queries, nq)
+        floor = self.select.floor / keys.shape[2]
+        for c0, c1 in chunks:
+            p = logits(c0, c1).sub_(lse).exp_()  # [b, Hk, q, C]
+            if nq > k:  # reference rows: each head's query attention over their mean (+ floor / N)
+                p = p[:, :, -k:] / (p[:, :, :-k].mean(2, keepdim=True) + floor)
+            p = p.sum(dim=(0, 2))  # [Hk, C]
+            part = self.scores[c0:c1]
+            if self.select.heads == "sum":
+                part += p.sum(0)
+            elif self.select.heads == "max":
+                part += p.amax(0)
+            else:
+                torch.maximum(part, p.amax(0), out=part)
 
 
 class Planner:
-    """The row selection of one prompt: which rows each part of a :class:`Selection` makes exact.
+    """The row selection of one prompt: which rows each part of a :class:`Selection` makes exact, decided on
+    the host from scores read once per round.
 
     Each part chooses within its own budget and within what the parts that chose before it left of the
-    selection's total (:attr:`Selection.total`): the parts chosen up front (``by="leverage"``,
-    ``"ngram"``) first, in their order (:meth:`up_front`, before the late layers); then the attention parts,
-    in their order, round by round (:meth:`after_pass`, from the scores their :meth:`scorers` recorded in
-    the pass before), an attention part keeping the share of its later rounds from those listed after it.
+    selection's total (:attr:`Selection.total`): the parts chosen up front (``by="leverage"``, ``"ngram"``,
+    ``"predicted"``) first, in their order (:meth:`up_front`, before the late layers); then the attention
+    parts, in their order, round by round (:meth:`after_pass`, from the scores their :meth:`scorers`
+    recorded in the pass before), an attention part keeping the share of its later rounds from those listed
+    after it.
 
     Args:
         selection: the parts and total.
         num_rows: ``N``, the prompt length.
-        device: where the positions live.
     """
 
-    def __init__(self, selection: Selection, num_rows: int, device: torch.device | str):
+    def __init__(self, selection: Selection, num_rows: int):
+        self.selection = selection
         self.parts, self.num_rows = selection.parts, num_rows
         self.rounds = selection.rounds
         self.total = selection.budget_rows(num_rows)
-        self.taken = [torch.zeros(0, dtype=torch.long, device=device) for _ in self.parts]
+        self.taken = [np.zeros(0, dtype=np.int64) for _ in self.parts]
 
     @property
-    def chosen(self) -> Tensor:
-        """Sorted ``int64`` ``[k]``: every row chosen so far, over all parts."""
-        return torch.cat(self.taken).sort().values
+    def chosen(self) -> np.ndarray:
+        """Sorted ``int64`` ``[k]`` (host): every row chosen so far, over all parts."""
+        return np.sort(np.concatenate(self.taken))
 
-    def _choose(self, part: int, scores: Tensor, budget: int, exact: Tensor, r: int = -1) -> Tensor:
+    def _choose(self, part: int, scores: np.ndarray, budget: int, exact: np.ndarray, r: int = -1) -> np.ndarray:
         """Part ``part`` chooses up to ``budget`` rows in all among the rows not in ``exact`` (``r``: the
-        attention round, ``-1`` up front); returns the new exact set."""
+        attention round, ``-1`` up front); returns the new exact set (sorted host ``int64``)."""
         n = self.num_rows
-        filled = torch.ones(n, dtype=torch.bool, device=exact.device)
+        filled = np.ones(n, dtype=bool)
         filled[exact] = False
-        kept = sum(max(0, self.parts[j].budget_rows(n) - self.taken[j].numel()) for j in range(part)
+        kept = sum(max(0, self.parts[j].budget_rows(n) - self.taken[j].size) for j in range(part)
                    if self.parts[j].by == "attention" and r + 1 < self.parts[j].rounds) if r >= 0 else 0
-        left = self.total - sum(t.numel() for t in self.taken) - kept
-        new = choose_rows(scores, filled, self.parts[part], max(0, min(budget - self.taken[part].numel(), left)))
-        self.taken[part] = torch.cat([self.taken[part], new])
-        return torch.unique(torch.cat([exact, new]))
+        left = self.total - sum(t.size for t in self.taken) - kept
+        new = choose_rows(scores, filled, self.parts[part], max(0, min(budget - self.taken[part].size, left)))
+        self.taken[part] = np.concatenate([self.taken[part], new])
+        return np.union1d(exact, new)
 
-    def up_front(self, input_ids: Tensor, h_split: Tensor, maps, tail: int, exact: Tensor) -> Tensor:
-        """The parts chosen before the late layers: the lexical part scores the token ids against the tail's
-        last ``queries`` rows (the question; never rows outside the tail), the query-agnostic part ``h_S``
-        ``[batch, N, d]`` against the calibration covariance of ``maps``. Returns the new exact set."""
+    def ngram_queries(self, part: Select, tail: int) -> np.ndarray:
+        """The query rows of a lexical part: the tail's last ``part.queries`` rows (never rows outside the tail)."""
         n = self.num_rows
-        scored: dict[tuple[str, int], Tensor] = {}  # each kind's scores once (a lexical part's per question length)
+        return np.arange(max(n - tail, n - part.queries), n)
+
+    def up_front(self, input_ids: np.ndarray, tail: int, exact: np.ndarray,
+                 device_scores: dict[int, np.ndarray]) -> np.ndarray:
+        """The parts chosen before the late layers, in order: a lexical part scores the host token ids
+        ``input_ids`` ``[batch, N]`` against the tail's last ``queries`` rows; a query-agnostic or predicted
+        part reads its scores from ``device_scores`` (``{part index: [N] host scores}``, read from the device
+        once). Returns the new exact set (sorted host ``int64``)."""
+        n = self.num_rows
+        lexical: dict[int, np.ndarray] = {}  # a lexical part's scores per question length, once each
         for i, part in enumerate(self.parts):
             if part.by == "attention":
                 continue
-            key = (part.by, part.queries if part.by == "ngram" else 0)
-            if key not in scored:
-                scored[key] = (leverage_scores(h_split, maps.mean_h, maps.cov_h) if part.by == "leverage" else
-                               ngram_scores(input_ids, torch.arange(max(n - tail, n - part.queries), n,
-                                                                    device=exact.device)))
-            exact = self._choose(i, scored[key], part.budget_rows(n), exact)
+            if part.by == "ngram":
+                if part.queries not in lexical:
+                    lexical[part.queries] = ngram_scores(input_ids, self.ngram_queries(part, tail))
+                scores = lexical[part.queries]
+            else:
+                scores = device_scores[i]
+            exact = self._choose(i, scores, part.budget_rows(n), exact)
         return exact
 
-    def scorers(self, adapter, r: int) -> dict[int, AttentionScores]:
+    def device_parts(self) -> list[int]:
+        """Indices of the up-front parts scored on the device (``by="leverage"`` or ``"predicted"``)."""
+        return [i for i, p in enumerate(self.parts) if p.by in ("leverage", "predicted")]
+
+    def scorers(self, adapter, r: int, induction: Tensor | None = None) -> dict[int, AttentionScores]:
         """``{part index: AttentionScores}`` for the attention parts that still choose in round ``r``."""
-        return {i: AttentionScores(adapter, self.num_rows, p) for i, p in enumerate(self.parts)
+        return {i: AttentionScores(adapter, self.num_rows, p, induction) for i, p in enumerate(self.parts)
                 if p.by == "attention" and r < p.rounds}
 
-    def after_pass(self, r: int, scorers: dict[int, AttentionScores], exact: Tensor) -> Tensor:
-        """Round ``r``: each attention part chooses its share (``budget·(r+1)/rounds`` in all) from its
-        scores. Returns the new exact set."""
-        for i, scorer in scorers.items():
-            if r < self.parts[i].rounds:
-                part = self.parts[i]
-                exact = self._choose(i, scorer.scores, part.budget_rows(self.num_rows) * (r + 1) // part.rounds,
-                                     exact, r)
+    def after_pass(self, r: int, scores: dict[int, np.ndarray], exact: np.ndarray) -> np.ndarray:
+        """Round ``r``: each attention part chooses its share (``budget·(r+1)/rounds`` in all) from its host
+        scores (``{part index: [N]}``, read once after the pass). Returns the new exact set."""
+        for i, s in scores.items():
+            part = self.parts[i]
+            if r < part.rounds:
+                exact = self._choose(i, s, part.budget_rows(self.num_rows) * (r + 1) // part.rounds, exact, r)
         return exact
 
 
-#: The named settings of ``--select`` on the product commands (``run``, ``generate``, ``bench``), each
-#: optionally followed by ``,budget=F`` (:func:`parse_setting`); ``ridgefill eval`` takes the full spec
-#: language of :meth:`Select.parse`.
-SETTINGS = ("on", "prompt", "off")
+def read_scores(scores: dict[int, Tensor]) -> dict[int, np.ndarray]:
+    """Device score vectors ``{key: [N]}`` read to the host in one transfer."""
+    if not scores:
+        return {}
+    keys = list(scores)
+    host = torch.stack([scores[k].float() for k in keys]).cpu().numpy()
+    return dict(zip(keys, host))
 
 
-def parse_setting(value: str) -> "Select | Selection | None":
+#: The named settings of ``--select`` on the product commands (``run``, ``generate``, ``bench``, ``tune``), each
+#: but ``auto`` optionally followed by ``,budget=F`` (:func:`parse_setting`); ``ridgefill eval`` takes the full
+#: spec language of :meth:`Select.parse`.
+SETTINGS = ("auto", "on", "two-pass", "one-pass", "prompt", "off")
+
+#: The named selections a spec may name whole (:meth:`Select.parse`; they are what ``ridgefill tune`` records
+#: in a maps file).
+NAMED = {"two-pass": lambda: TWO_PASS_SELECT, "one-pass": lambda: ONE_PASS_SELECT}
+
+
+def _scaled(selection: Selection, budget: float, value: str) -> Selection:
+    """``selection`` with its parts scaled so that they choose at most ``budget`` of the prompt together."""
+    if not 0 < budget < 1:
+        raise InputError(f"--select {value!r}: the budget of a query-aware setting is a share of the prompt in "
+                         "(0, 1), e.g. 0.1")
+    scale = budget / selection.total
+    return Selection(tuple(Select(**{**{f: getattr(p, f) for f in p.__dataclass_fields__}, "budget": p.budget * scale})
+                           for p in selection.parts), total=budget)
+
+
+def parse_setting(value: str) -> "Select | Selection | str | None":
     """A named selection setting, ``NAME`` or ``NAME,budget=F``:
 
-    - ``on`` (the default, :data:`DEFAULT_SELECT`): query-aware; the question must be in the tail. With
-      ``budget=F`` (a share of the prompt, ``0 < F < 1``) its parts are scaled so that they choose at
-      most ``F`` of the prompt together (``0.05`` unscaled).
+    - ``auto`` (the default): the setting recorded in the maps (``ridgefill tune`` writes it,
+      :attr:`ridgefill.maps.RidgeMaps.select`), else ``on``; returned as the string ``"auto"``, which
+      :func:`ridgefill.prefill` resolves against its maps.
+    - ``on`` (:data:`DEFAULT_SELECT`): query-aware; the question must be in the tail. With ``budget=F`` (a share
+      of the prompt, ``0 < F < 1``) its parts are scaled so that they choose at most ``F`` of the prompt
+      together (``0.05`` unscaled).
+    - ``two-pass`` (:data:`TWO_PASS_SELECT`), ``one-pass`` (:data:`ONE_PASS_SELECT`): the query-aware selection
+      with its attention parts scored after a first pass of the late layers, or before them from predicted
+      queries (one pass); ``budget=F`` as for ``on``.
     - ``prompt``: query-agnostic, one pass: rows the maps extrapolate on, by the leverage of ``h_S`` under
       the calibration covariance (for a document whose question comes later); ``budget=F`` a share of
       the prompt or a row count (default ``0.05``). Finds rare spans only relative to the calibration text.
@@ -722,19 +880,15 @@ def parse_setting(value: str) -> "Select | Selection | None":
             budget = float(text)
         except ValueError:
             raise InputError(f"--select {value!r}: budget {text.strip()!r} is not a number") from None
-    if name == "off":
+    if name in ("off", "auto"):
         if budget is not None:
-            raise InputError(f"--select {value!r}: 'off' chooses no rows and takes no budget")
-        return None
+            raise InputError(f"--select {value!r}: '{name}' takes no budget"
+                             + (" (it follows the maps' setting)" if name == "auto" else ": it chooses no rows"))
+        return None if name == "off" else "auto"
     if name == "prompt":
         return Select(**PROMPT_PRESET) if budget is None else Select(**PROMPT_PRESET, budget=budget)
-    if budget is None:
-        return DEFAULT_SELECT
-    if not 0 < budget < 1:
-        raise InputError(f"--select {value!r}: the budget of 'on' is a share of the prompt in (0, 1), e.g. 0.1")
-    scale = budget / DEFAULT_SELECT.total
-    return Selection(tuple(Select(**{**{f: getattr(p, f) for f in p.__dataclass_fields__}, "budget": p.budget * scale})
-                           for p in DEFAULT_SELECT.parts), total=budget)
+    selection = DEFAULT_SELECT if name == "on" else NAMED[name]()
+    return selection if budget is None else _scaled(selection, budget, value)
 
 
 def as_select(value: "str | Select | Selection | None") -> "Select | Selection | None":

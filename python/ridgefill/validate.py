@@ -14,6 +14,7 @@ import math
 import numbers
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -117,28 +118,16 @@ def check_finite(t: Tensor, name: str, error: type[Exception]) -> None:
         raise error(f"{name} holds {bad} NaN or Inf value(s)")
 
 
-def prompt_digest(input_ids: Tensor) -> str:
-    """SHA-256 (hex) of a ``[batch, rows]`` token tensor: its shape and its int64 values. Ties a
-    :class:`~ridgefill.fill.PrefillResult` to the prompt it was computed from (one pass over the ids,
-    negligible next to a prefill)."""
-    h = hashlib.sha256(repr(tuple(input_ids.shape)).encode())
-    h.update(input_ids.detach().to(device="cpu", dtype=torch.long).contiguous().numpy().tobytes())
+def prompt_digest(input_ids) -> str:
+    """SHA-256 (hex) of ``[batch, rows]`` token ids (a tensor or a host NumPy array): their shape and their
+    int64 values. Ties a :class:`~ridgefill.fill.PrefillResult` to the prompt it was computed from (one pass
+    over the ids, negligible next to a prefill)."""
+    if isinstance(input_ids, Tensor):
+        input_ids = input_ids.detach().cpu().numpy()
+    ids = np.ascontiguousarray(input_ids, dtype=np.int64)
+    h = hashlib.sha256(repr(tuple(ids.shape)).encode())
+    h.update(ids.tobytes())
     return h.hexdigest()
-
-
-def binds_prompt(fn: Callable) -> Callable:
-    """Decorator for :func:`ridgefill.fill.prefill`: records on the returned result the prompt length
-    (``prompt_rows``) and :func:`prompt_digest` of ``input_ids`` (its second argument), so that
-    :func:`ridgefill.fill.generate_after` can refuse another prompt."""
-
-    @functools.wraps(fn)
-    def wrapper(model, input_ids, *args, **kwargs):
-        result = fn(model, input_ids, *args, **kwargs)
-        result.prompt_rows = int(input_ids.shape[1])
-        result.prompt_sha256 = prompt_digest(input_ids)
-        return result
-
-    return wrapper
 
 
 def check_context(value: Any) -> int:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -103,6 +104,21 @@ def trim_sliding_windows(cache) -> None:
             layer.values = layer.values[:, :, -window:].clone()
 
 
+def adopt_rows(cache, layer: int, keys: Tensor, values: Tensor) -> None:
+    """Put ``keys``/``values`` ``[batch, kv_heads, rows, head_dim]`` into layer ``layer`` of an empty
+    ``transformers`` cache as its first rows, without a copy where the layer is a plain ``DynamicLayer`` (its
+    ``update`` would concatenate them onto an empty tensor, doubling the cache's memory for a moment); other
+    layer types (sliding windows) go through their own ``update``."""
+    from transformers.cache_utils import DynamicLayer
+
+    entry = cache.layers[layer] if layer < len(getattr(cache, "layers", ())) else None
+    if type(entry) is DynamicLayer and not entry.is_initialized:
+        entry.lazy_initialization(keys, values)
+        entry.keys, entry.values = keys, values
+    else:
+        cache.update(keys, values, layer)
+
+
 def rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -120,6 +136,12 @@ def apply_rope(x: Tensor, rope: Rope) -> Tensor:
         return x * cos + rotate_half(x) * sin
     rot, rest = x[..., :dim], x[..., dim:]
     return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
+
+
+def host_positions(positions: Tensor, host: np.ndarray | None) -> np.ndarray:
+    """``host`` (sorted ``int64`` positions on the host) when given, else ``positions`` read to the host
+    (one host synchronisation on an accelerator; :func:`ridgefill.prefill` always passes ``host``)."""
+    return positions.cpu().numpy() if host is None else host
 
 
 def write_rows(keys: Tensor, values: Tensor, positions: Tensor, k: Tensor, v: Tensor) -> None:
@@ -163,13 +185,14 @@ class DecoderAdapter:
         raise NotImplementedError
 
     def layer(self, layer: int, x: Tensor, rope: Rope, positions: Tensor, keys: Tensor,
-              values: Tensor, visible: Tensor | None = None) -> Tensor:
+              values: Tensor, visible: Tensor | None = None, *, host: np.ndarray | None = None) -> Tensor:
         """Full forward of ``layer`` for rows ``x`` ``[batch, rows, hidden]`` at ``positions``.
 
         Writes the rows' keys/values into ``keys``/``values`` ``[batch, kv_heads, P, head_dim]`` at
         their positions (in place), then each row attends to the entries at positions ``<=`` its
-        own, restricted to ``visible`` ``[P]`` (bool) when given. Returns the layer output, the same
-        shape as ``x``.
+        own, restricted to ``visible`` ``[P]`` (bool) when given. ``host``: the same sorted positions as a
+        host ``int64`` array, from which the attention's blocks are sized without reading the device
+        (:func:`host_positions`). Returns the layer output, the same shape as ``x``.
         """
         raise NotImplementedError
 
@@ -177,10 +200,15 @@ class DecoderAdapter:
         """Final norm and LM head on hidden states ``[batch, rows, hidden]`` -> ``[batch, rows, vocab]``."""
         raise NotImplementedError
 
-    def needed_filled_rows(self, layer: int, filled_positions: Tensor,
-                           exact_positions: Tensor) -> Tensor | None:
+    def key_range(self, layer: int, positions: np.ndarray, num_keys: int) -> tuple[int, int]:
+        """``(lo, hi)``: the keys ``lo .. hi-1`` that rows at the sorted host ``positions`` can see in ``layer``
+        (``0 .. max + 1`` with causal attention; sliding-window layers see less far back)."""
+        return 0, min(num_keys, int(positions[-1]) + 1)
+
+    def needed_filled_rows(self, layer: int, filled_positions: np.ndarray,
+                           exact_positions: np.ndarray) -> np.ndarray | None:
         """Which filled rows' K/V ``layer`` can ever read: ``None`` for all of them, else the sorted
-        ``int64`` indices ``[k]`` into ``filled_positions`` of those that are needed.
+        ``int64`` indices ``[k]`` into ``filled_positions`` of those that are needed. Host arrays in and out.
 
         Args:
             filled_positions: sorted ``int64`` ``[F]``, the filled rows' absolute positions.
@@ -221,6 +249,6 @@ class DecoderAdapter:
         cache = self.new_cache()
         record_sliding_windows(cache)
         for layer, (k, v) in enumerate(zip(keys, values)):
-            cache.update(k, v, layer)
+            adopt_rows(cache, layer, k, v)
         trim_sliding_windows(cache)
         return cache

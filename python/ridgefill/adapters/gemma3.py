@@ -31,11 +31,12 @@ Not supported (raises :class:`~ridgefill.errors.UnsupportedModelError`): attenti
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import UnsupportedModelError
-from .base import Rope, RopeByType, apply_rope, write_rows
+from .base import Rope, RopeByType, apply_rope, host_positions, write_rows
 from .llama import LlamaAdapter
 from .parts import FULL, SLIDING, QKNorm, SlidingWindows  # noqa: F401  (FULL, SLIDING: re-exported)
 
@@ -91,19 +92,20 @@ class Gemma3Adapter(QKNorm, SlidingWindows, LlamaAdapter):
         return apply_rope(k, self._rope_of(layer, rope)), v
 
     def layer(self, layer: int, x: Tensor, rope: RopeByType, positions: Tensor, keys: Tensor,
-              values: Tensor, visible: Tensor | None = None) -> Tensor:
+              values: Tensor, visible: Tensor | None = None, *, host: np.ndarray | None = None) -> Tensor:
         """Full forward of Gemma 3 ``layer`` for rows ``x`` ``[batch, rows, hidden]`` at sorted
         ``positions`` ``[rows]``: writes their K/V into ``keys``/``values`` ``[batch, kv_heads, P,
         head_dim]`` at their positions, attends causally (within the window in sliding layers, and only
         to ``visible`` ``[P]`` positions when given) and returns the layer output, shaped like ``x``."""
-        if positions.numel() > 1 and bool((positions[1:] <= positions[:-1]).any()):
+        host = host_positions(positions, host)
+        if host.size > 1 and bool((host[1:] <= host[:-1]).any()):
             raise ValueError("Gemma3Adapter.layer needs strictly increasing positions")
         block = self.body.layers[layer]
         q, k, v = self.project_qkv(layer, block.input_layernorm(x))
         r = self._rope_of(layer, rope)
         q, k = apply_rope(q, r), apply_rope(k, r)
         write_rows(keys, values, positions, k, v)
-        out = self.attend(layer, q, positions, keys, values, visible)
+        out = self.attend(layer, q, positions, keys, values, visible, host=host)
         b, _, rows, _ = out.shape
         attn = block.self_attn.o_proj(out.transpose(1, 2).reshape(b, rows, -1))
         x = x + block.post_attention_layernorm(attn)

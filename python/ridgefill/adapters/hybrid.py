@@ -43,12 +43,13 @@ import contextlib
 import sys
 from typing import Iterator, Mapping
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import InputError, UnsupportedModelError
-from .base import Rope, apply_rope, write_rows
+from .base import Rope, apply_rope, host_positions, write_rows
 from .llama import LlamaAdapter
 from .parts import FULL, QKNorm
 
@@ -86,7 +87,7 @@ class HybridAdapter(QKNorm, LlamaAdapter):
 
         return DynamicCache(config=self.config)
 
-    def check_exact_rows(self, num_rows: int, exact_positions: Tensor) -> None:
+    def check_exact_rows(self, num_rows: int, exact_positions: np.ndarray) -> None:
         """Exact rows must be the last ``len(exact_positions)`` rows (a tail): a recurrent state is a
         running summary, so a filled row after an exact row would have to advance a state the exact row
         already read.
@@ -94,8 +95,8 @@ class HybridAdapter(QKNorm, LlamaAdapter):
         Raises:
             InputError: ``exact_positions`` is not ``num_rows - E .. num_rows - 1``.
         """
-        e = exact_positions.numel()
-        if not torch.equal(exact_positions.cpu(), torch.arange(num_rows - e, num_rows)):
+        exact_positions = np.asarray(exact_positions)
+        if not np.array_equal(exact_positions, np.arange(num_rows - exact_positions.size, num_rows)):
             raise InputError(
                 f"this model has recurrent-state (linear-attention) layers {list(self.recurrent_layers)}: its exact "
                 "rows must be a suffix of the prompt (the tail). Drop exact_rows and use a longer tail instead")
@@ -213,7 +214,7 @@ class HybridAdapter(QKNorm, LlamaAdapter):
         return q[..., self.head_dim:].reshape(b, r, -1)
 
     def layer(self, layer: int, x: Tensor, rope: Rope, positions: Tensor, keys, values: Tensor | None,
-              visible: Tensor | None = None) -> Tensor:
+              visible: Tensor | None = None, *, host: np.ndarray | None = None) -> Tensor:
         """Full forward of ``layer`` for rows ``x`` ``[batch, rows, hidden]`` at ``positions``.
 
         Attention layers: as :meth:`LlamaAdapter.layer` (K/V written into ``keys``/``values``), with
@@ -224,8 +225,8 @@ class HybridAdapter(QKNorm, LlamaAdapter):
         block = self.body.layers[layer]
         if self.is_recurrent(layer):
             if not hasattr(keys, "layers"):  # K/V buffers given (e.g. calibration): every row from an empty state
-                if positions.numel() != x.shape[1] or (positions.numel() and int(positions[0]) != 0) or (
-                        positions.numel() > 1 and bool((positions.diff() != 1).any())):
+                host = host_positions(positions, host)
+                if host.size != x.shape[1] or not np.array_equal(host, np.arange(host.size)):
                     raise ValueError(f"recurrent layer {layer} without a state cache needs the rows 0..N-1 in order")
                 keys = None
             out = block(x, position_embeddings=None, attention_mask=None, cache=keys)
@@ -234,7 +235,7 @@ class HybridAdapter(QKNorm, LlamaAdapter):
         q, k, v = self.project_qkv(layer, h)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         write_rows(keys, values, positions, k, v)
-        out = self.attend(layer, q, positions, keys, values, visible)
+        out = self.attend(layer, q, positions, keys, values, visible, host=host)
         b, _, r, _ = out.shape
         out = out.transpose(1, 2).reshape(b, r, -1) * torch.sigmoid(self.output_gate(layer, h))
         x = x + block.self_attn.o_proj(out)

@@ -8,11 +8,12 @@ layer forward below reproduces it with the model's own modules; the tests check 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import DecoderAdapter, Rope, apply_rope, write_rows
+from .base import DecoderAdapter, Rope, apply_rope, host_positions, write_rows
 
 
 def plain_rms_norms() -> tuple[type, ...]:
@@ -115,10 +116,10 @@ class LlamaAdapter(DecoderAdapter):
         k, v = self.project_kv(layer, h)
         return apply_rope(k, rope), v
 
-    # --- the fast map-plus-K/V step for filled rows (all late layers at once) ----------------
-    #: Upper bound, in bytes, of the predicted inputs ``x̂`` held at once by :meth:`fill_kv`
-    #: (``[layers, rows, hidden]``); longer prompts are processed in blocks of rows.
-    fill_chunk_bytes: int = 256 * 2 ** 20
+    # --- the fast map-plus-K/V step for filled rows -----------------------------------------
+    #: Upper bound, in bytes, of one block of predicted inputs ``x̂`` and their K/V held at once by
+    #: :meth:`fill_kv` (``[rows, hidden + 2·kv_dim]``); longer prompts are processed in blocks of rows.
+    fill_chunk_bytes: int = 16 * 2 ** 20
 
     def supports_fill_kv(self) -> bool:
         """Whether :meth:`fill_kv` computes exactly what :meth:`kv` computes for this model: a plain
@@ -163,101 +164,99 @@ class LlamaAdapter(DecoderAdapter):
 
     @torch.no_grad()
     def fill_kv(self, layers: range, h: Tensor, weights: Tensor | None, biases: Tensor | None, rope: Rope,
-                keys: Tensor, values: Tensor, *, batched: bool = True) -> None:
-        """Keys and values of the filled rows for every late layer in ``layers``, from the split state.
+                keys: list[Tensor], values: list[Tensor], start: int, stop: int) -> None:
+        """Keys and values of the rows ``start .. stop-1`` for every late layer in ``layers``, from the split
+        state, written into the cache buffers at those rows.
 
-        For each layer ``l``: ``x̂_l = h W_l + b_l`` (``h`` itself when ``weights`` is ``None``: the
-        identity fill), then the layer's input RMSNorm, fused K/V projection and RoPE, as :meth:`kv`
-        does, but computed as: one batched matmul for the maps of all layers, the RMS of each
-        ``x̂_l`` row (a norm reduction, no normalised copy), one batched matmul with the K/V weights
-        into which the norm weight ``g`` is folded (``(x̂/rms) (g ⊙ W)ᵀ = (x̂ (g ⊙ W)ᵀ)/rms``), and
-        RoPE written straight into ``keys``. Equal to :meth:`kv` up to float rounding.
+        For each layer ``l``: ``x̂_l = f W_l + b_l``, where ``f`` is the row's ``h_S`` or, for context maps
+        (``weights`` ``[late, 2d, d]``), ``[h_S(t), h_S(t−1)]`` (``h_S(−1) = 0``,
+        :func:`ridgefill.maps.context_features`), computed as two matmuls on ``h`` without building the
+        features; ``h_S`` itself when ``weights`` is ``None`` (the identity fill). Then the layer's input
+        RMSNorm, fused K/V projection and RoPE, as :meth:`kv` does, but computed as: the RMS of each
+        ``x̂_l`` row (a norm reduction, no normalised copy), one matmul with the K/V weights into which the
+        norm weight ``g`` is folded (``(x̂/rms) (g ⊙ W)ᵀ = (x̂ (g ⊙ W)ᵀ)/rms``), and RoPE written straight
+        into ``keys``. One layer at a time, in blocks of rows of at most :attr:`fill_chunk_bytes`. Equal to
+        :meth:`kv` up to float rounding.
 
         Args:
             layers: the late layers, consecutive (``S+1 .. L-1``).
-            h: ``[batch, rows, f]`` split state of the filled rows (``f = d``), or for context maps their
-                :func:`ridgefill.fill.context_features` (``f = 2d``).
-            weights: ``[len(layers), f, d]`` or ``None`` (identity, ``f = d``); biases: ``[len(layers), d]``
-                or ``None`` (model dtype and device).
-            rope: RoPE tables of the filled rows (``cos``/``sin`` ``[1, rows, head_dim]``).
-            keys, values: outputs ``[len(layers), batch, kv_heads, rows, head_dim]`` (may be strided
-                views into the cache buffers), written in place.
-            batched: ``True`` one batched matmul over layers; ``False`` one matmul per layer (same
-                values; kept for comparison, see ``ridgefill bench``).
+            h: ``[batch, N, d]`` split state of every row.
+            weights: ``[len(layers), f, d]`` (``f = d`` or ``2d``) or ``None`` (identity); biases:
+                ``[len(layers), d]`` or ``None`` (model dtype and device).
+            rope: RoPE tables of the rows ``start .. stop-1`` (``cos``/``sin`` ``[1, stop-start, head_dim]``).
+            keys, values: per late layer ``[batch, kv_heads, N, head_dim]`` buffers (position-indexed), written
+                in place at rows ``start .. stop-1``.
+            start, stop: the rows, ``0 ≤ start < stop ≤ N``.
 
         Raises:
             ValueError: shapes disagree, or the late layers use different norm epsilons.
         """
-        late, (bsz, rows, f), d = len(layers), h.shape, self.hidden_size
-        want = (late, bsz, self.num_kv_heads, rows, self.head_dim)
-        if tuple(keys.shape) != want or tuple(values.shape) != want:
-            raise ValueError(f"fill_kv outputs must be {want}; got {tuple(keys.shape)} and {tuple(values.shape)}")
-        if weights is None and f != d:
-            raise ValueError(f"the identity fill reads h_S [batch, rows, {d}]; got {tuple(h.shape)}")
-        if weights is not None and (tuple(weights.shape) != (late, f, d) or biases is None
+        late, (bsz, n, d) = len(layers), h.shape
+        want = (bsz, self.num_kv_heads, n, self.head_dim)
+        if len(keys) != late or len(values) != late or any(tuple(t.shape) != want for t in (*keys, *values)):
+            raise ValueError(f"fill_kv outputs must be {late} buffers of {want} each")
+        if not 0 <= start < stop <= n or rope.cos.shape[1] != stop - start:
+            raise ValueError(f"fill_kv rows {start}..{stop - 1} must lie in 0..{n - 1}, with RoPE tables for them")
+        if weights is not None and (weights.ndim != 3 or tuple(weights.shape[::2]) != (late, d)
+                                    or weights.shape[1] not in (d, 2 * d) or biases is None
                                     or tuple(biases.shape) != (late, d)):
-            raise ValueError(f"fill_kv maps must be [{late}, {f}, {d}] and [{late}, {d}]; got "
-                             f"{None if weights is None else tuple(weights.shape)} and "
-                             f"{None if biases is None else tuple(biases.shape)}")
+            raise ValueError(f"fill_kv maps must be [{late}, d or 2d, {d}] and [{late}, {d}]; got "
+                             f"{tuple(weights.shape)} and {None if biases is None else tuple(biases.shape)}")
         wkv, bkv, eps = self._folded_kv(layers)
         kvd, half = self.num_kv_heads * self.head_dim, self.head_dim // 2
-        step = max(1, self.fill_chunk_bytes // (late * d * h.element_size()))
-        for b in range(bsz):
-            for r0 in range(0, rows, step):
-                r1 = min(rows, r0 + step)
-                hc = h[b, r0:r1]  # [m, f]
-                m = r1 - r0
-                if weights is None:  # identity: x̂_l = h for every layer
-                    rms = torch.linalg.vector_norm(hc, dim=-1, keepdim=True, dtype=torch.float32)
-                    scale = torch.rsqrt(rms.square_().div_(d).add_(eps)).to(h.dtype)  # [m, 1]
-                    kv = torch.matmul(hc, wkv)  # [late, m, 2·kv_dim]
-                elif batched:
-                    xh = torch.baddbmm(biases[:, None, :], hc.expand(late, m, f), weights)  # [late, m, d]
+        context = weights is not None and weights.shape[1] == 2 * d
+        step = max(1, self.fill_chunk_bytes // ((d + 2 * kvd) * h.element_size()))
+        for i in range(late):
+            for b in range(bsz):
+                for r0 in range(start, stop, step):
+                    r1 = min(stop, r0 + step)
+                    hc = h[b, r0:r1]  # [m, d]
+                    if weights is None:  # identity: x̂_l = h
+                        xh = hc
+                    else:
+                        xh = torch.addmm(biases[i], hc, weights[i, :d])
+                        if context:  # + h_S(t−1) W'_l, with h_S(−1) = 0
+                            lo = max(r0, 1)
+                            if lo < r1:
+                                xh[lo - r0:].addmm_(h[b, lo - 1:r1 - 1], weights[i, d:])
                     rms = torch.linalg.vector_norm(xh, dim=-1, keepdim=True, dtype=torch.float32)
-                    scale = torch.rsqrt(rms.square_().div_(d).add_(eps)).to(h.dtype)  # [late, m, 1]
-                    kv = torch.bmm(xh, wkv)
+                    kv = torch.mm(xh, wkv[i])  # [m, 2·kv_dim]
                     del xh
-                else:
-                    kv = hc.new_empty((late, m, 2 * kvd))
-                    scale = hc.new_empty((late, m, 1))
-                    for i in range(late):
-                        xh = torch.addmm(biases[i], hc, weights[i])
-                        rms = torch.linalg.vector_norm(xh, dim=-1, keepdim=True, dtype=torch.float32)
-                        scale[i] = torch.rsqrt(rms.square_().div_(d).add_(eps))
-                        torch.mm(xh, wkv[i], out=kv[i])
-                kv.mul_(scale)
-                if bkv is not None:
-                    kv.add_(bkv[:, None, :])
-                k = kv[..., :kvd].unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)
-                v = kv[..., kvd:].unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)
-                values[:, b, :, r0:r1].copy_(v)
-                # RoPE (x·cos + rotate_half(x)·sin) by halves, written into the keys: no temporaries
-                cos, sin = rope.cos[0, r0:r1], rope.sin[0, r0:r1]  # [m, head_dim]
-                out = keys[:, b, :, r0:r1]
-                k1, k2, o1, o2 = k[..., :half], k[..., half:], out[..., :half], out[..., half:]
-                torch.mul(k1, cos[:, :half], out=o1)
-                o1.addcmul_(k2, sin[:, :half], value=-1)
-                torch.mul(k2, cos[:, half:], out=o2)
-                o2.addcmul_(k1, sin[:, half:])
+                    kv.mul_(torch.rsqrt(rms.square_().div_(d).add_(eps)).to(h.dtype))
+                    if bkv is not None:
+                        kv.add_(bkv[i])
+                    k = kv[:, :kvd].unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(0, 1)  # [kvh, m, hd]
+                    v = kv[:, kvd:].unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(0, 1)
+                    values[i][b, :, r0:r1].copy_(v)
+                    # RoPE (x·cos + rotate_half(x)·sin) by halves, written into the keys: no temporaries
+                    cos, sin = rope.cos[0, r0 - start:r1 - start], rope.sin[0, r0 - start:r1 - start]  # [m, hd]
+                    out = keys[i][b, :, r0:r1]
+                    k1, k2, o1, o2 = k[..., :half], k[..., half:], out[..., :half], out[..., half:]
+                    torch.mul(k1, cos[:, :half], out=o1)
+                    o1.addcmul_(k2, sin[:, :half], value=-1)
+                    torch.mul(k2, cos[:, half:], out=o2)
+                    o2.addcmul_(k1, sin[:, half:])
 
     def visible_keys(self, layer: int, positions: Tensor, num_keys: int,
-                     visible: Tensor | None) -> Tensor | None:
-        """Boolean attention mask ``[rows, num_keys]``: key ``j`` is visible to the row at position
-        ``p`` iff ``j <= p`` (and ``visible[j]``). ``None`` means plain causal over all rows."""
-        if visible is None and positions.numel() == num_keys:
+                     visible: Tensor | None, first_key: int = 0) -> Tensor | None:
+        """Boolean attention mask ``[rows, num_keys]`` over the keys at positions ``first_key ..
+        first_key + num_keys - 1``: key ``j`` is visible to the row at position ``p`` iff ``j <= p`` (and
+        ``visible[j]``, ``visible`` over absolute positions). ``None`` means plain causal over all rows."""
+        if visible is None and first_key == 0 and positions.numel() == num_keys:
             return None  # all rows, in order: SDPA's causal kernel
-        keys = torch.arange(num_keys, device=positions.device)
+        keys = torch.arange(first_key, first_key + num_keys, device=positions.device)
         mask = keys[None, :] <= positions[:, None]
         if visible is not None:
-            mask &= visible[None, :]
+            mask &= visible[first_key:first_key + num_keys][None, :]
         return mask
 
     def attend(self, layer: int, q: Tensor, positions: Tensor, keys: Tensor, values: Tensor,
-               visible: Tensor | None) -> Tensor:
+               visible: Tensor | None, *, host: np.ndarray | None = None) -> Tensor:
         """Causal attention of queries ``q`` ``[batch, heads, rows, head_dim]`` (after RoPE) at
-        ``positions`` ``[rows]`` to the position-indexed ``keys``/``values`` ``[batch, kv_heads, P,
-        head_dim]`` (restricted to ``visible`` ``[P]`` when given); ``[batch, heads, rows, head_dim]``.
-        Sliding-window models override it (:class:`~ridgefill.adapters.parts.SlidingWindows`)."""
+        ``positions`` ``[rows]`` (``host``: the same, sorted, on the host) to the position-indexed
+        ``keys``/``values`` ``[batch, kv_heads, P, head_dim]`` (restricted to ``visible`` ``[P]`` when
+        given); ``[batch, heads, rows, head_dim]``. Sliding-window models override it
+        (:class:`~ridgefill.adapters.parts.SlidingWindows`)."""
         mask = self.visible_keys(layer, positions, keys.shape[2], visible)
         gqa = self.num_heads != self.num_kv_heads
         if mask is None:
@@ -266,8 +265,8 @@ class LlamaAdapter(DecoderAdapter):
         # keys up to its latest row, so each row costs about its causal share (p + 1 keys), not the prompt.
         block = self.query_block
         rows = positions.numel()
-        padded = F.pad(positions, (0, -rows % block), value=-1)  # each block's latest key: one host sync
-        ends = (padded.view(-1, block).amax(1) + 1).tolist()
+        host = host_positions(positions, host)
+        ends = [int(host[start:start + block].max()) + 1 for start in range(0, rows, block)]  # rows in any order
         outs = [F.scaled_dot_product_attention(
                     q[:, :, start:start + block], keys[:, :, :hi], values[:, :, :hi],
                     attn_mask=mask[start:start + block, :hi], scale=self.scaling, enable_gqa=gqa)
@@ -275,12 +274,12 @@ class LlamaAdapter(DecoderAdapter):
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     def layer(self, layer: int, x: Tensor, rope: Rope, positions: Tensor, keys: Tensor,
-              values: Tensor, visible: Tensor | None = None) -> Tensor:
+              values: Tensor, visible: Tensor | None = None, *, host: np.ndarray | None = None) -> Tensor:
         block = self.body.layers[layer]
         q, k, v = self.project_qkv(layer, block.input_layernorm(x))
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         write_rows(keys, values, positions, k, v)
-        out = self.attend(layer, q, positions, keys, values, visible)
+        out = self.attend(layer, q, positions, keys, values, visible, host=host)
         b, _, r, _ = out.shape
         x = x + block.self_attn.o_proj(out.transpose(1, 2).reshape(b, r, -1))
         return x + block.mlp(block.post_attention_layernorm(x))

@@ -16,9 +16,12 @@ kv_heads, positions, head_dim]`` indexed by absolute position, positions ``int64
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .base import host_positions
 
 from ..errors import UnsupportedModelError
 
@@ -112,32 +115,39 @@ class SlidingWindows:
         return mask
 
     def attend(self, layer: int, q: Tensor, positions: Tensor, keys: Tensor, values: Tensor,
-               visible: Tensor | None) -> Tensor:
-        """Attention of queries ``q`` ``[batch, heads, rows, head_dim]`` at sorted ``positions`` to the
-        position-indexed ``keys``/``values``; ``[batch, heads, rows, head_dim]``.
+               visible: Tensor | None, *, host: np.ndarray | None = None) -> Tensor:
+        """Attention of queries ``q`` ``[batch, heads, rows, head_dim]`` at sorted ``positions`` (``host``:
+        the same on the host) to the position-indexed ``keys``/``values``; ``[batch, heads, rows, head_dim]``.
 
         Raises:
             ValueError: in a sliding layer, positions not strictly increasing.
         """
         if not self.is_sliding(layer):
-            return super().attend(layer, q, positions, keys, values, visible)
-        if positions.numel() > 1 and bool((positions[1:] <= positions[:-1]).any()):
+            return super().attend(layer, q, positions, keys, values, visible, host=host)
+        host = host_positions(positions, host)
+        if host.size > 1 and bool((host[1:] <= host[:-1]).any()):
             raise ValueError("sliding-window attention needs strictly increasing positions")
         gqa = self.num_heads != self.num_kv_heads
         block = self.attention_block
         outs = []
-        for start in range(0, positions.numel(), block):
+        for start in range(0, host.size, block):
             pos = positions[start:start + block]
-            lo = max(int(pos.min()) - self.sliding_window + 1, 0)
-            hi = int(pos.max()) + 1
+            lo = max(int(host[start]) - self.sliding_window + 1, 0)
+            hi = int(host[min(start + block, host.size) - 1]) + 1
             mask = self.visible_keys(layer, pos, hi - lo, visible, first_key=lo)
             outs.append(F.scaled_dot_product_attention(
                 q[:, :, start:start + block], keys[:, :, lo:hi], values[:, :, lo:hi], attn_mask=mask,
                 scale=self.scaling, enable_gqa=gqa))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
-    def needed_filled_rows(self, layer: int, filled_positions: Tensor,
-                           exact_positions: Tensor) -> Tensor | None:
+    def key_range(self, layer: int, positions: np.ndarray, num_keys: int) -> tuple[int, int]:
+        """``(lo, hi)``: the keys rows at the sorted host ``positions`` can see; in a sliding layer from
+        ``positions[0] − window + 1``."""
+        lo = max(int(positions[0]) - self.sliding_window + 1, 0) if self.is_sliding(layer) else 0
+        return lo, min(num_keys, int(positions[-1]) + 1)
+
+    def needed_filled_rows(self, layer: int, filled_positions: np.ndarray,
+                           exact_positions: np.ndarray) -> np.ndarray | None:
         """In a sliding layer, the indices into ``filled_positions`` ``[F]`` of the filled rows some
         exact row sees: a filled row at ``f`` is needed iff an exact row lies in ``[f, f + window)``
         (``exact_positions`` sorted, ``[E]``); ``None`` when that is every filled row, and in full
@@ -149,12 +159,13 @@ class SlidingWindows:
         """
         if not self.is_sliding(layer):
             return None
-        if exact_positions.numel() == 0:
+        exact_positions, filled_positions = np.asarray(exact_positions), np.asarray(filled_positions)
+        if exact_positions.size == 0:
             raise ValueError("needed_filled_rows: there must be at least one exact row (the last prompt row)")
-        nxt = torch.searchsorted(exact_positions, filled_positions)  # first exact row at or after f
-        has_next = nxt < exact_positions.numel()
-        nearest = exact_positions[nxt.clamp(max=exact_positions.numel() - 1)]
+        nxt = np.searchsorted(exact_positions, filled_positions)  # first exact row at or after f
+        has_next = nxt < exact_positions.size
+        nearest = exact_positions[np.minimum(nxt, exact_positions.size - 1)]
         need = has_next & (nearest < filled_positions + self.sliding_window)
-        if bool(need.all()):
+        if need.all():
             return None
-        return need.nonzero().flatten()
+        return np.flatnonzero(need)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from .. import defaults
 from ..errors import InputError, RidgeFillError
-from .args import SETTING_HELP, SPLIT_DEFAULT_HELP, add_context, add_model, add_threads, parse_lam, parse_lengths, parse_setting
+from .args import (SETTING_HELP, SPLIT_DEFAULT_HELP, add_context, add_model, add_threads, parse_lam, parse_lengths,
+                   parse_setting, setting_name)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", type=parse_lengths, default=None, help="prompt lengths, e.g. 1k,2k,4k,8k")
     p.add_argument("--split", type=int, default=None, help=f"split S ({SPLIT_DEFAULT_HELP})")
     p.add_argument("--tail", type=int, default=None, help="exact rows (default 256 on CPU, 2048 on CUDA)")
-    p.add_argument("--select", type=parse_setting, default=defaults.SELECT, metavar="SETTING",
-                   help="also time the fill with " + SETTING_HELP)
+    p.add_argument("--select", type=setting_name, action="append", default=None, metavar="SETTING",
+                   help="also time the fill with this row selection (repeat the flag to time several; default "
+                        "auto, which is 'on' for the bench's random maps): " + SETTING_HELP)
     p.add_argument("--repeats", type=int, default=3, help="timed rounds per length (default 3)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the report to this JSON file")
     add_threads(p)
@@ -287,7 +289,8 @@ def _cmd_bench(a) -> None:
     from ..bench import BenchConfig, bench, format_table  # heavy
 
     cfg = BenchConfig(model=a.model, device=a.device, lengths=a.lengths, split=a.split, tail=a.tail,
-                      repeats=a.repeats, threads=a.threads, json=a.json, select=a.select,
+                      repeats=a.repeats, threads=a.threads, json=a.json,
+                      selects=tuple(a.select or (defaults.SELECT,)),
                       command=recorded_command(sys.argv[1:]) if sys.argv else "ridgefill bench")
     print(format_table(bench(cfg)))
 

@@ -30,6 +30,12 @@ def parse_setting(value: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def setting_name(value: str) -> str:
+    """``--select`` on ``ridgefill bench``: a named setting, checked (:func:`parse_setting`) and kept as written."""
+    parse_setting(value)
+    return value.strip()
+
+
 def parse_spec(value: str):
     """``--select`` on ``ridgefill eval``: the full spec language (:meth:`ridgefill.select.Select.parse`)."""
     from ..errors import InputError
@@ -63,10 +69,12 @@ def parse_lengths(value: str) -> tuple[int, ...]:
 SPLIT_DEFAULT_HELP = ("default: " + ", ".join(f"{v} for {k}" for k, v in defaults.TUNED_SPLITS.items())
                       + ", chosen by `ridgefill tune`; else half the layers")
 
-SETTING_HELP = ("row selection: 'on' (default; query-aware: rows the question points at, up to 5%% of the prompt; "
-                "the question must be in the tail), 'prompt' (query-agnostic: rows the maps extrapolate on, for a "
-                "document whose question comes later), 'off' (the plain fill); optionally ',budget=F', e.g. "
-                "'on,budget=0.1'")
+SETTING_HELP = ("row selection: 'auto' (default: the setting the maps record, written by `ridgefill tune`, else "
+                "'on'), 'on' (query-aware: rows the question points at, up to 5%% of the prompt; the question must "
+                "be in the tail), 'two-pass' / 'one-pass' (the same, scored after a first pass of the late layers, "
+                "or before them from predicted queries: one pass), 'prompt' (query-agnostic: rows the maps "
+                "extrapolate on, for a document whose question comes later), 'off' (the plain fill); optionally "
+                "',budget=F', e.g. 'on,budget=0.1'")
 
 SPEC_HELP = ("row selection spec (ridgefill.select.Select.parse): 'on', 'off', 'prompt', 'attention', 'ngram', "
              "key=value pairs such as 'budget=0.05,before=2,after=16,queries=1,heads=induction,top_heads=8,"

@@ -21,13 +21,27 @@ def _splits(value: str) -> tuple[int, ...]:
     return out
 
 
+def _selects(value: str) -> tuple[str, ...]:
+    from ..errors import InputError as _InputError
+    from ..evaluate.tune import check_selects  # heavy (torch): imported when a value is parsed
+
+    out = tuple(v.strip() for v in value.split(",") if v.strip())
+    try:
+        check_selects(out)
+    except _InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return out
+
+
 def add_subcommand(sub) -> None:
     """Register ``ridgefill tune``."""
     p = sub.add_parser("tune", help="choose the shallowest split that keeps quality, and write its maps",
                        description="One pass over calibration text fits maps at every candidate split; each is "
-                       "evaluated with the default row selection on held-out documents (key-token and all-token "
-                       "ΔNLL, filled-region needles, FLOP bound and a measured ratio). The shallowest split meeting "
-                       "the budget is chosen; its maps go to --maps, the table and a plot to --out.")
+                       "evaluated with each row selection setting (--selects: the plain fill, one-pass and two-pass "
+                       "selection) on held-out documents (key-token and all-token ΔNLL, filled-region needles, FLOP "
+                       "bound and a measured ratio). Among the candidates meeting the budget the one with the highest "
+                       "FLOP bound is chosen; its maps go to --maps with the selection setting recorded in them "
+                       "(which --select auto follows), the table and a plot to --out.")
     add_model(p)
     p.add_argument("--text", nargs="+", action="extend", default=None, metavar="FILE",
                    help="UTF-8 text files to evaluate on (default: the bundled held-out novels)")
@@ -47,6 +61,9 @@ def add_subcommand(sub) -> None:
     p.add_argument("--tail", type=int, default=defaults.TAIL, help=f"exact rows of a document (default {defaults.TAIL})")
     p.add_argument("--needle-trials", type=int, default=8, help="needle prompts per variant (default 8; 0: none)")
     p.add_argument("--no-multikey", action="store_true", help="single needles only")
+    p.add_argument("--selects", type=_selects, default=None, metavar="SETTING,...",
+                   help="row selection settings evaluated at every split, the cheapest that meets the budget at the "
+                        "fastest split is recorded in the maps (default off,one-pass,two-pass)")
     p.add_argument("--repeats", type=int, default=2, help="timed prefill pairs per split (default 2)")
     p.add_argument("--max-memory", type=float, default=None, metavar="GIB",
                    help="memory the statistics may take, GiB (default: the memory available now)")
@@ -67,7 +84,8 @@ def _cmd_tune(a) -> None:
                      calib_tokens=a.calib_tokens, context=a.context, lam=a.lam, docs=a.docs, doc_tokens=a.doc_tokens,
                      tail=a.tail, needle_trials=a.needle_trials, multikey=not a.no_multikey, repeats=a.repeats,
                      budget=Budget(a.min_needles, a.max_key_dnll), out=a.out, maps=a.maps,
-                     max_memory=None if a.max_memory is None else int(a.max_memory * 2**30), threads=a.threads)
+                     max_memory=None if a.max_memory is None else int(a.max_memory * 2**30), threads=a.threads,
+                     **({} if a.selects is None else {"selects": a.selects}))
     try:
         report = tune(cfg)
     except KeyboardInterrupt:

@@ -48,7 +48,7 @@ from ..data.texts import (CALIBRATION_SETS, EVALUATION_BOOKS, calibration_set_of
                           read_text_files, text_hash, text_sha256)
 from ..errors import InputError, MapsFormatError, MapsMismatchError, OverlapError
 from ..fileio import write_json
-from ..fill import MODES, generate_after, prefill, prefill_instrumented
+from ..fill import MODES, generate_after, prefill, prefill_instrumented, resolve_select
 from ..maps import RidgeMaps, attach_stats, load_maps
 from ..select import DEFAULT_SELECT, Select, Selection, check_leverage_stats
 from ..validate import check_lam_spec
@@ -77,7 +77,9 @@ class RunConfig:
     threads: int | None = None
     seed: int = 0
     modes: tuple[str, ...] = MODES
-    select: Select | Selection | None = DEFAULT_SELECT
+    #: the ridge+sel system's row selection; ``"auto"`` (the command line's default) is the setting the maps
+    #: record, else ``"on"`` (:func:`ridgefill.fill.resolve_select`), fixed once the maps are known
+    select: Select | Selection | str | None = DEFAULT_SELECT
     needle_trials: int = 4
     needle_tail: int = 64
     texts: tuple[str, ...] = ()  # evaluation text files (--text); empty: the bundled evaluation novels
@@ -382,6 +384,7 @@ def run(cfg: RunConfig, progress: bool = True) -> dict:
     t0 = time.perf_counter()
     maps, maps_path, fresh = get_maps(model, tok, model_name, cfg, progress)
     calib_s = time.perf_counter() - t0
+    cfg = replace(cfg, select=resolve_select(cfg.select, maps))  # "auto": the maps' setting
     check_leverage_stats(cfg.select, maps)  # before any evaluation, not at the ridge+sel system
     check_evaluation_text(maps, tok, docs, labels, eval_texts if cfg.needle_trials else {},
                           user_text=bool(cfg.texts))

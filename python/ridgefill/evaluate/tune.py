@@ -3,9 +3,9 @@
 One streaming pass over the calibration text accumulates the statistics of every candidate split at once
 (:func:`ridgefill.calibration.calibrate_many`; default: every other layer from depth 1/4 to 3/4,
 :func:`default_splits`); each candidate's maps (context maps by default) are fitted and saved as soon as
-they are ready. Each candidate is then evaluated with the default row selection
-(:data:`ridgefill.select.DEFAULT_SELECT`) on held-out documents, with the evaluation code of
-:mod:`ridgefill.evaluate.loss` and :mod:`ridgefill.evaluate.needles`:
+they are ready. Each candidate split is then evaluated with each row selection setting of
+:data:`TUNE_SELECTS` (the plain fill, one-pass and two-pass selection; ``--selects``) on held-out documents,
+with the evaluation code of :mod:`ridgefill.evaluate.loss` and :mod:`ridgefill.evaluate.needles`:
 
 - key-token and all-token ΔNLL vs exact (nats/token, 95 % bootstrap interval over documents);
 - filled-region needles (single, and multikey unless turned off) at the documents' length, in percent of
@@ -13,10 +13,13 @@ they are ready. Each candidate is then evaluated with the default row selection
 - the FLOP bound (:func:`ridgefill.costs.ideal_ratio`, with the rows the selection chose on the first
   document) and a short measured ratio (exact over fill prefill time, interleaved, median).
 
-The choice (:func:`choose_split`) is the shallowest split whose every needle score is at least
+The choice (:func:`choose`) is, among the (split, setting) candidates whose every needle score is at least
 ``needle_fraction`` of exact's and whose key-token ΔNLL (point estimate) is at most ``max_key_dnll``
-(:class:`Budget`). Its maps are written to the maps file (the format ``ridgefill calibrate`` writes), and a
-report (``tune.json``, ``tune.md``, ``tune.png``: quality against speed per split, the chosen point
+(:class:`Budget`), the one with the highest FLOP bound (for one setting: the shallowest split; the plain fill
+only where it meets the budget on multikey needles too, else the cheapest selection that does). Its maps are
+written to the maps file (the format ``ridgefill calibrate`` writes) with the setting recorded in them
+(``RidgeMaps.select``, which ``select="auto"`` follows in ``prefill``, the command line and the vLLM plugin),
+and a report (``tune.json``, ``tune.md``, ``tune.png``: quality against speed per candidate, the chosen one
 marked) to the output folder.
 
 The statistics of all candidates are held in memory together: :func:`pass_memory` gives the figure,
@@ -47,6 +50,10 @@ from ..validate import check_int, check_lam_spec, check_real
 #: Bytes per float64 value of the statistics.
 _F64 = 8
 
+#: The row selection settings ``ridgefill tune`` evaluates at every candidate split (``--selects``), from the
+#: cheapest: the plain fill, one-pass and two-pass selection (:func:`ridgefill.select.parse_setting`).
+TUNE_SELECTS = ("off", "one-pass", "two-pass")
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -74,7 +81,8 @@ class TuneConfig:
 
     ``splits``: candidates (``()``: :func:`default_splits`); ``texts``: evaluation text files (``()``: the
     bundled evaluation novels); ``calib_texts``: calibration text files (``()``: the shipped mix);
-    ``max_memory``: bytes the statistics may take (``None``: the memory available now).
+    ``max_memory``: bytes the statistics may take (``None``: the memory available now); ``selects``: the
+    row selection settings evaluated at every split (:data:`TUNE_SELECTS`).
     """
 
     model: str | None = None
@@ -101,6 +109,7 @@ class TuneConfig:
     max_memory: int | None = None
     threads: int | None = None
     seed: int = 0
+    selects: tuple[str, ...] = TUNE_SELECTS
 
 
 def default_splits(num_layers: int) -> list[int]:
@@ -191,25 +200,36 @@ def check_memory(num_layers: int, hidden: int, splits: Sequence[int], context: i
                      f"more than the {shown} GiB {limit_name}; {hint}")
 
 
-def choose_split(rows: Sequence[dict], budget: Budget) -> int | None:
-    """The shallowest split meeting ``budget``, or ``None``.
+def _meets(r: dict, budget: Budget) -> bool:
+    """Whether candidate row ``r`` meets ``budget`` (a missing key-token ΔNLL fails it)."""
+    if r.get("key_dnll") is None or not r["key_dnll"] <= budget.max_key_dnll:
+        return False
+    return all(r["needles"][v] >= budget.needle_fraction * r["exact_needles"][v] - 1e-9 for v in r["exact_needles"])
+
+
+def choose(rows: Sequence[dict], budget: Budget) -> dict | None:
+    """The candidate meeting ``budget`` with the highest FLOP bound (ties: the shallower split, then the row
+    listed first), or ``None``.
 
     Args:
         rows: one per candidate: ``{"split", "key_dnll", "needles": {variant: score %}, "exact_needles":
-            {variant: score %}}``; a missing key-token ΔNLL (``None``: no key tokens) fails the rule.
+            {variant: score %}, "flop_bound"}`` (and ``"select"``, the setting); a missing key-token ΔNLL
+            (``None``: no key tokens) fails the rule. Without ``"flop_bound"`` the shallowest split wins.
 
     Returns:
-        the smallest ``split`` whose ``key_dnll ≤ max_key_dnll`` and, for every needle variant,
+        the chosen row: ``key_dnll ≤ max_key_dnll`` and, for every needle variant,
         ``score ≥ needle_fraction · exact score``.
     """
-    def meets(r: dict) -> bool:
-        if r.get("key_dnll") is None or not r["key_dnll"] <= budget.max_key_dnll:
-            return False
-        return all(r["needles"][v] >= budget.needle_fraction * r["exact_needles"][v] - 1e-9
-                   for v in r["exact_needles"])
+    ok = [(i, r) for i, r in enumerate(rows) if _meets(r, budget)]
+    if not ok:
+        return None
+    return max(ok, key=lambda ir: (ir[1].get("flop_bound", 0.0), -ir[1]["split"], -ir[0]))[1]
 
-    ok = [r["split"] for r in rows if meets(r)]
-    return min(ok) if ok else None
+
+def choose_split(rows: Sequence[dict], budget: Budget) -> int | None:
+    """The split of :func:`choose`'s candidate, or ``None``."""
+    row = choose(rows, budget)
+    return None if row is None else row["split"]
 
 
 def check_config(cfg: TuneConfig) -> None:
@@ -232,6 +252,7 @@ def check_config(cfg: TuneConfig) -> None:
         raise InputError(f"--lam auto chooses λ on held-out chunks of {cfg.chunk} tokens, so --calib-tokens "
                          f"{cfg.calib_tokens} must be at least {2 * cfg.chunk}; raise --calib-tokens or give --lam")
     _check_no_repeats(cfg.splits)
+    check_selects(cfg.selects)
     if cfg.max_memory is not None:
         check_int(cfg.max_memory, "--max-memory", lo=1)
     if not isinstance(cfg.budget, Budget):
@@ -245,6 +266,25 @@ def check_config(cfg: TuneConfig) -> None:
             raise InputError(f"--maps {cfg.maps!r} is a folder: give the file's path, e.g. "
                              f"{str(Path(cfg.maps) / 'maps.safetensors')!r}")
         _check_creatable(Path(cfg.maps).parent, "--maps")
+
+
+def check_selects(selects: Sequence[str]) -> dict:
+    """``{name: Select, Selection or None}`` of the named selection settings ``ridgefill tune`` evaluates: at least
+    one, each a name of :func:`ridgefill.select.parse_setting` other than ``auto``, no repeats. Raises
+    :class:`InputError`."""
+    from ..select import parse_setting
+
+    if not selects or not all(isinstance(s, str) for s in selects):
+        raise InputError(f"--selects {selects!r}: give at least one selection setting, e.g. off,one-pass,two-pass")
+    if len(set(selects)) != len(selects):
+        raise InputError(f"--selects {list(selects)} repeats a setting: list each once")
+    out = {}
+    for name in selects:
+        if name.strip() == "auto":
+            raise InputError("--selects: 'auto' follows the maps' recorded setting, which tune is choosing; name "
+                             "the settings to compare, e.g. off,one-pass,two-pass")
+        out[name] = parse_setting(name)
+    return out
 
 
 def _check_creatable(folder: Path, flag: str) -> None:
@@ -291,27 +331,41 @@ def measured_ratio(model, ids: torch.Tensor, maps, tail: int, select, repeats: i
     return statistics.median(ratios), [] if chosen is None else chosen.tolist()
 
 
-def candidate_rows(summary: list[dict], needles: dict | None, splits: Sequence[int]) -> list[dict]:
-    """Per split: key-token and all-token ΔNLL with intervals (from :func:`ridgefill.evaluate.loss.summarise`
-    rows of variant ``"<S>/ridge+sel"``) and needle scores (:func:`ridgefill.evaluate.needles.run_needles`
-    scores) beside exact's."""
+def system_suffixes(selects: dict) -> dict[str, str]:
+    """The evaluation's system suffix of each setting (``{name: Select, Selection or None}``): ``"ridge"`` for the
+    plain fill, ``"ridge+sel"`` (``"ridge+sel<i>"`` for several) for the others, as
+    :func:`ridgefill.evaluate.loss.fill_variants` and :func:`ridgefill.evaluate.needles.run_needles` name them."""
+    on = [name for name, sel in selects.items() if sel is not None]
+    return {name: "ridge" if sel is None else "ridge+sel" + (str(on.index(name)) if len(on) > 1 else "")
+            for name, sel in selects.items()}
+
+
+def candidate_rows(summary: list[dict], needles: dict | None, splits: Sequence[int],
+                   suffixes: dict[str, str] | None = None) -> list[dict]:
+    """Per split and selection setting (``suffixes``: ``{name: system suffix}``, :func:`system_suffixes`;
+    default ``{"on": "ridge+sel"}``): key-token and all-token ΔNLL with intervals (from
+    :func:`ridgefill.evaluate.loss.summarise` rows of variant ``"<S>/<suffix>"``) and needle scores
+    (:func:`ridgefill.evaluate.needles.run_needles` scores) beside exact's."""
+    suffixes = suffixes or {"on": "ridge+sel"}
     rows = []
     exact = {}
     for r in (needles or {}).get("scores", []):
         if r["system"] == "exact":
             exact[r["variant"]] = r["score"]
     for s in splits:
-        row = {"split": s, "needles": {}, "needle_ci": {}, "exact_needles": dict(exact)}
-        for tokens, key in (("key", "key_dnll"), ("all", "all_dnll")):
-            hit = [r for r in summary if r["tokens"] == tokens and r["variant"] == f"{s}/ridge+sel"
-                   and r["set"] == "heldout"]
-            row[key] = hit[0]["delta_nll"]["mean"] if hit else None
-            row[key + "_ci"] = hit[0]["delta_nll"]["ci"] if hit else None
-        for r in (needles or {}).get("scores", []):
-            if r["system"] == f"{s}/ridge+sel":
-                row["needles"][r["variant"]] = r["score"]
-                row["needle_ci"][r["variant"]] = r["ci"]
-        rows.append(row)
+        for name, suffix in suffixes.items():
+            system = f"{s}/{suffix}"
+            row = {"split": s, "select": name, "needles": {}, "needle_ci": {}, "exact_needles": dict(exact)}
+            for tokens, key in (("key", "key_dnll"), ("all", "all_dnll")):
+                hit = [r for r in summary if r["tokens"] == tokens and r["variant"] == system
+                       and r["set"] == "heldout"]
+                row[key] = hit[0]["delta_nll"]["mean"] if hit else None
+                row[key + "_ci"] = hit[0]["delta_nll"]["ci"] if hit else None
+            for r in (needles or {}).get("scores", []):
+                if r["system"] == system:
+                    row["needles"][r["variant"]] = r["score"]
+                    row["needle_ci"][r["variant"]] = r["ci"]
+            rows.append(row)
     return rows
 
 
@@ -331,7 +385,7 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
     from ..data.models import load_model, load_tokenizer
     from ..data.overlap import check_disjoint, fingerprint, sample_for
     from ..data.texts import EVALUATION_BOOKS, calibration_texts, load_texts, read_text_files
-    from ..select import DEFAULT_SELECT, as_selection
+    from ..select import as_selection
     from .depth import maps_path
     from .loss import fill_variants, key_token_stats, score_documents, summarise
     from .main_job import document_room, evaluation_plan, source_commit
@@ -403,35 +457,41 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
     ckpt.unlink(missing_ok=True)
     first = fitted[splits[0]]
 
-    select = DEFAULT_SELECT
-    say(f"evaluating {len(splits)} splits on {len(docs)} documents of {cfg.doc_tokens} tokens")
+    settings = check_selects(cfg.selects)
+    suffixes = system_suffixes(settings)
+    selections = [sel for sel in settings.values() if sel is not None]
+    modes = ("ridge",) if any(sel is None for sel in settings.values()) else ()
+    say(f"evaluating {len(splits)} splits × {len(settings)} selection settings ({', '.join(settings)}) on "
+        f"{len(docs)} documents of {cfg.doc_tokens} tokens")
     records = score_documents(model, docs, ["heldout"] * len(docs), tail=cfg.tail, window=cfg.window,
-                              variants=fill_variants(model, fitted, (), tail=cfg.tail, selects=[select]),
+                              variants=fill_variants(model, fitted, modes, tail=cfg.tail, selects=selections),
                               prefix_tokens=prefix, progress=say)
     summary = summarise(records, tau=cfg.tau, resamples=cfg.resamples, seed=cfg.seed)
     needles = None
     if cfg.needle_trials:
         needles = run_needles(model, tok, haystack_sentences(eval_texts), lengths=[cfg.doc_tokens],
                               trials=cfg.needle_trials, variants=["single", "multikey"] if cfg.multikey else ["single"],
-                              modes=["exact"], maps_by_split=fitted, splits=splits, tail=cfg.needle_tail,
-                              seed=cfg.seed, selects=[select], select_modes=("ridge",), progress=say)
-    rows = candidate_rows(summary, needles, splits)
+                              modes=["exact", *modes], maps_by_split=fitted, splits=splits, tail=cfg.needle_tail,
+                              seed=cfg.seed, selects=selections, select_modes=("ridge",), progress=say)
+    rows = candidate_rows(summary, needles, splits, suffixes)
     ids = docs[0][None, :-1]
-    sel = as_selection(select)
     for row in rows:
-        s = row["split"]
+        s, select = row["split"], settings[row["select"]]
         ratio, rows_chosen = measured_ratio(model, ids, fitted[s], cfg.tail, select, cfg.repeats)
+        args = {} if select is None else as_selection(select).cost_args(cfg.tail)
         row["flop_bound"] = ideal_ratio(model.config, ids.shape[1], s, cfg.tail, selected=rows_chosen,
-                                        rounds=sel.rounds, queries=sel.scored_rows(cfg.tail + len(rows_chosen)),
-                                        context=cfg.context)
+                                        context=cfg.context, **args)
         row["measured_ratio"] = ratio
         row["selected_rows"] = len(rows_chosen)
-        say(f"S={s}: bound {row['flop_bound']:.2f}x, measured {ratio:.2f}x")
-    chosen_split = choose_split(rows, cfg.budget)
+        say(f"S={s}, select {row['select']}: bound {row['flop_bound']:.2f}x, measured {ratio:.2f}x")
+    chosen = choose(rows, cfg.budget)
+    chosen_split = None if chosen is None else chosen["split"]
     save_error = None
-    if chosen_split is not None:
+    if chosen is not None:
         try:
-            fitted[chosen_split].save(maps_file)
+            maps = fitted[chosen_split]
+            maps.meta["select"] = chosen["select"]  # what select="auto" follows
+            maps.save(maps_file)
         except Exception as e:  # the report is still written, then the error is raised
             save_error = e
     stale = chosen_split is None and maps_file.exists()
@@ -442,9 +502,11 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
         stats_path(maps_file).unlink(missing_ok=True)
     report = {
         "kind": "tune", "model": model_name, "num_layers": L, "hidden": d, "splits": splits,
-        "chosen_split": chosen_split, "maps_path": str(maps_file) if chosen_split is not None and save_error is None else None,
+        "chosen_split": chosen_split, "chosen_select": None if chosen is None else chosen["select"],
+        "maps_path": str(maps_file) if chosen_split is not None and save_error is None else None,
         "budget": {"needle_fraction": cfg.budget.needle_fraction, "max_key_dnll": cfg.budget.max_key_dnll},
-        "rows": rows, "select": str(select), "context": cfg.context, "lambda_spec": str(cfg.lam),
+        "rows": rows, "selects": {name: None if sel is None else str(sel) for name, sel in settings.items()},
+        "context": cfg.context, "lambda_spec": str(cfg.lam),
         "calibration_tokens": first.meta.get("calibration_tokens"), "calibration_seconds": calib_s,
         "statistics_bytes": need, "documents": len(docs), "doc_tokens": cfg.doc_tokens, "tail": cfg.tail,
         "window": cfg.window, "tau": cfg.tau, "needle_trials": cfg.needle_trials, "needle_tail": cfg.needle_tail,
@@ -461,16 +523,17 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
         needle_rule = f"needles ≥ {cfg.budget.needle_fraction:.0%} of exact, " if cfg.needle_trials else ""
         loosen = "--min-needles / --max-key-dnll" if cfg.needle_trials else "--max-key-dnll"
         removed = f"; the earlier {str(maps_file)!r} was removed" if stale else ""
-        raise InputError(f"no candidate split in {splits} meets the budget ({needle_rule}key-token ΔNLL ≤ "
-                         f"{cfg.budget.max_key_dnll}); the table is in {out / 'tune.md'}{removed}: add deeper splits "
-                         f"(--splits) or loosen {loosen}")
+        raise InputError(f"no candidate split in {splits} meets the budget with any selection setting "
+                         f"({', '.join(settings)}; {needle_rule}key-token ΔNLL ≤ {cfg.budget.max_key_dnll}); the table "
+                         f"is in {out / 'tune.md'}{removed}: add deeper splits (--splits), other settings (--selects) "
+                         f"or loosen {loosen}")
     return report
 
 
 def format_table(report: dict) -> str:
-    """The report's table in markdown: one row per split, the chosen one marked."""
+    """The report's table in markdown: one row per split and selection setting, the chosen one marked."""
     variants = list(report["rows"][0]["exact_needles"]) if report["rows"] else []
-    head = ["S", "depth", "FLOP bound", "measured", "key-token ΔNLL [95 % CI]", "all-token ΔNLL [95 % CI]"]
+    head = ["S", "depth", "selection", "FLOP bound", "measured", "key-token ΔNLL [95 % CI]", "all-token ΔNLL [95 % CI]"]
     head += [f"{v} needles (exact)" for v in variants] + ["meets budget", "chosen"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     budget = Budget(**report["budget"])
@@ -480,11 +543,12 @@ def format_table(report: dict) -> str:
                 return "n/a"
             lo, hi = r[key + "_ci"]
             return f"{r[key]:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-        cells = [str(r["split"]), f"{r['split'] / report['num_layers']:.2f}", f"{r['flop_bound']:.2f}x",
+        cells = [str(r["split"]), f"{r['split'] / report['num_layers']:.2f}", r.get("select", "on"),
+                 f"{r['flop_bound']:.2f}x",
                  f"{r['measured_ratio']:.2f}x", ci("key_dnll"), ci("all_dnll")]
         cells += [f"{r['needles'].get(v, math.nan):.0f}% ({r['exact_needles'][v]:.0f}%)" for v in variants]
-        cells += ["yes" if choose_split([r], budget) is not None else "no",
-                  "**chosen**" if r["split"] == report["chosen_split"] else ""]
+        chosen = r["split"] == report["chosen_split"] and r.get("select", "on") == report.get("chosen_select", "on")
+        cells += ["yes" if _meets(r, budget) else "no", "**chosen**" if chosen else ""]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -498,10 +562,13 @@ def write_report(report: dict, out: str | os.PathLike) -> None:
     write_json(out / "tune.json", report)
     b = report["budget"]
     text = (f"# ridgefill tune: {report['model']}\n\n"
-            f"{report['num_layers']} layers; candidates {report['splits']}; chosen split: "
-            f"{report['chosen_split'] if report['chosen_split'] is not None else 'none meets the budget'}.\n\n"
+            f"{report['num_layers']} layers; candidates {report['splits']}; chosen: "
+            + (f"S = {report['chosen_split']}, selection {report['chosen_select']}" if report['chosen_split'] is not None
+               else "none meets the budget") + ".\n\n"
             f"Budget: every needle variant ≥ {b['needle_fraction']:.0%} of exact's score, key-token ΔNLL ≤ "
-            f"{b['max_key_dnll']} nats/token. Row selection: the default ({report['select']}). "
+            f"{b['max_key_dnll']} nats/token; among the candidates that meet it, the highest FLOP bound is chosen. "
+            f"Row selection settings: "
+            + ", ".join(f"{k} ({v})" if v else k for k, v in report["selects"].items()) + ". "
             f"{report['documents']} documents of {report['doc_tokens']} tokens (exact tail {report['tail']}); "
             f"needles: {report['needle_trials']} trials per variant at {report['doc_tokens']} tokens, exact tail "
             f"{report['needle_tail']}; measured ratio: median of {report['repeats']} interleaved prefills of the "
@@ -512,28 +579,37 @@ def write_report(report: dict, out: str | os.PathLike) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     rows = report["rows"]
     x = [r["flop_bound"] for r in rows]
+    series = list(dict.fromkeys(r.get("select", "on") for r in rows))  # one line per selection setting
     for ax, key, label in ((ax1, "key_dnll", "key-token ΔNLL (nats/token)"), (ax2, None, "needles (% of trials)")):
+        for name in series:
+            part = [r for r in rows if r.get("select", "on") == name]
+            px = [r["flop_bound"] for r in part]
+            if key:
+                y = [math.nan if r[key] is None else r[key] for r in part]
+                err = [[0 if r[key] is None else r[key] - r[key + "_ci"][0] for r in part],
+                       [0 if r[key] is None else r[key + "_ci"][1] - r[key] for r in part]]
+                ax.errorbar(px, y, yerr=err, marker="o", capsize=3, label=f"select {name}")
+            else:
+                for v in (rows[0]["exact_needles"] if rows else {}):
+                    ax.plot(px, [r["needles"].get(v, math.nan) for r in part], marker="o", label=f"{v}, select {name}")
         if key:
-            y = [math.nan if r[key] is None else r[key] for r in rows]
-            err = [[0 if r[key] is None else r[key] - r[key + "_ci"][0] for r in rows],
-                   [0 if r[key] is None else r[key + "_ci"][1] - r[key] for r in rows]]
-            ax.errorbar(x, y, yerr=err, marker="o", capsize=3)
             ax.axhline(b["max_key_dnll"], color="grey", linestyle="--", label="budget")
         else:
             for v in (rows[0]["exact_needles"] if rows else {}):
-                ax.plot(x, [r["needles"].get(v, math.nan) for r in rows], marker="o", label=v)
                 ax.axhline(b["needle_fraction"] * rows[0]["exact_needles"][v], linestyle="--", color="grey")
         for r, xv in zip(rows, x):
             yv = r[key] if key else min(r["needles"].values(), default=math.nan)
             if yv is not None:
-                ax.annotate(f"S={r['split']}", (xv, yv), textcoords="offset points", xytext=(4, 4), fontsize=8)
-            if r["split"] == report["chosen_split"] and yv is not None:
+                ax.annotate(f"S={r['split']} {r.get('select', '')}".strip(), (xv, yv), textcoords="offset points",
+                            xytext=(4, 4), fontsize=8)
+            if (r["split"], r.get("select", "on")) == (report["chosen_split"], report.get("chosen_select", "on")) \
+                    and yv is not None:
                 ax.plot([xv], [yv], marker="*", markersize=16, color="red", linestyle="none", label="chosen")
         ax.set_xlabel("FLOP bound (exact / fill)")
         ax.set_ylabel(label)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    fig.suptitle(f"ridgefill tune: {report['model']}, quality against speed per split")
+    fig.suptitle(f"ridgefill tune: {report['model']}, quality against speed per split and selection")
     fig.tight_layout()
     atomic_write(out / "tune.png", lambda tmp: fig.savefig(tmp, format="png", dpi=120))
     plt.close(fig)
