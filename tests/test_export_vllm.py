@@ -12,6 +12,7 @@ from ridgefill.calibration import calibrate
 from ridgefill.cli import main
 from ridgefill.errors import InputError
 from ridgefill.export_vllm import MAPS_NAME, VLLM_ARCHITECTURES, export_vllm, vllm_class
+from ridgefill.maps import load_maps
 
 TEXT = "".join(chr(97 + (i * 7 + i // 13) % 26) + (" " if i % 5 == 4 else "") for i in range(1500))
 
@@ -51,7 +52,26 @@ def test_the_folder_names_the_class_and_holds_the_settings_and_the_maps(model_an
             assert (out / f.name).read_bytes() == f.read_bytes(), f.name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["served"]  # no temporary folder left
     defaults = json.loads((export_vllm(folder, maps, tmp_path / "d") / "config.json").read_text())["ridgefill"]
-    assert defaults == {"maps": MAPS_NAME, "tail": 256, "select": "on"}
+    assert defaults == {"maps": MAPS_NAME, "tail": 256, "select": "auto"}  # the plugin follows the maps' setting
+
+
+def test_select_auto_follows_the_maps_recorded_setting(model_and_maps, tmp_path):
+    """``select="auto"`` (the default) is written as given, for the plugin to resolve against the maps; maps recording a
+    query-agnostic setting are refused with it, naming the recorded setting; a recorded one-pass setting is served."""
+    folder, maps = model_and_maps
+    for recorded, refused in (("one-pass", False), ("prompt", True)):
+        tuned = load_maps(maps)
+        tuned.meta["select"] = recorded
+        path = tmp_path / f"{recorded}.safetensors"
+        tuned.save(path)
+        assert load_maps(path).select == recorded
+        if refused:
+            with pytest.raises(InputError, match="'auto'.*recorded setting 'prompt'.*query-agnostic"):
+                export_vllm(folder, path, tmp_path / recorded)
+            assert not (tmp_path / recorded).exists()
+            continue
+        out = export_vllm(folder, path, tmp_path / recorded)
+        assert json.loads((out / "config.json").read_text())["ridgefill"]["select"] == "auto"
 
 
 def test_class_names_are_the_plugins():

@@ -56,8 +56,9 @@ def export_vllm(model_dir: str | os.PathLike, maps_path: str | os.PathLike, out:
     ``maps_path``; returns ``out``.
 
     Raises:
-        InputError: ``out`` exists, ``tail`` is not a whole number ≥ 1, ``select`` is not a spec
-            (:func:`ridgefill.select.as_select`) or has a query-agnostic part (the plugin refuses it), ``model_dir`` has no ``config.json`` or an architecture the
+        InputError: ``out`` exists, ``tail`` is not a whole number ≥ 1, ``select`` is not a setting
+            (:func:`ridgefill.select.resolve_auto`: ``"auto"``, the maps' recorded setting, or a spec) or has a
+            query-agnostic part (the plugin refuses it), ``model_dir`` has no ``config.json`` or an architecture the
             plugin does not serve (or none, and a ``model_type`` none serves), or the maps do not fit the model (hidden size, layer count).
         MapsFormatError: a bad maps file (:func:`ridgefill.maps.load_maps`).
         WriteError: the folder cannot be written.
@@ -82,13 +83,15 @@ def export_vllm(model_dir: str | os.PathLike, maps_path: str | os.PathLike, out:
     config["architectures"] = [vllm_class(archs[0])]
 
     from .maps import load_maps  # heavy: torch
-    from .select import as_select, as_selection
+    from .select import as_selection, resolve_auto
 
-    chosen = as_select(select)  # refuses a bad spec, naming what it takes
-    if chosen is not None and any(p.by == "leverage" for p in as_selection(chosen).parts):
-        raise InputError(f"--select {select!r} has a query-agnostic part (by=leverage, 'prompt'), which the vLLM "
-                         "plugin does not serve: use 'on', 'off' or a spec of lexical and attention parts")
     maps = load_maps(maps_path)
+    chosen = resolve_auto(select, maps.select)  # refuses a bad spec, naming what it takes; "auto": the maps' setting
+    if chosen is not None and any(p.by == "leverage" for p in as_selection(chosen).parts):
+        via = f" (select 'auto' follows the maps' recorded setting {maps.select!r})" if isinstance(select, str) and select.strip() == "auto" else ""
+        raise InputError(f"--select {select!r}{via} has a query-agnostic part (by=leverage, 'prompt'), which the vLLM "
+                         "plugin does not serve: use 'on', 'two-pass', 'one-pass', 'off' or a spec of lexical and "
+                         "attention parts")
     text = config.get("text_config") or config
     layers, hidden = text.get("num_hidden_layers"), text.get("hidden_size")
     if maps.split >= (layers or 0) - 1 or maps.weights.shape[-1] != hidden:
@@ -141,7 +144,8 @@ def add_command(sub) -> None:
     p.add_argument("--tail", type=int, default=defaults.TAIL,
                    help=f"exact tokens at the end of each prompt (default {defaults.TAIL})")
     p.add_argument("--select", default=defaults.SELECT, metavar="SETTING",
-                   help=f"row selection: on, off, or a spec (default {defaults.SELECT!r})")
+                   help=f"row selection: auto (the maps' recorded setting, else on), on, two-pass, one-pass, off, "
+                   f"or a spec (default {defaults.SELECT!r})")
     p.set_defaults(func=_cmd)
 
 

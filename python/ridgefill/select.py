@@ -904,3 +904,16 @@ def as_select(value: "str | Select | Selection | None") -> "Select | Selection |
         return Select.parse(value)
     raise InputError(f"select must be a spec string such as 'on' or 'off', a ridgefill.select.Select, a Selection or "
                      f"None; got {type(value).__name__}")
+
+
+def resolve_auto(select: "str | Select | Selection | None", recorded: str | None) -> "Select | Selection | None":
+    """``select`` as :func:`ridgefill.prefill` and the vLLM plugin read it: ``"auto"`` is ``recorded`` (the setting a
+    maps file records, :attr:`ridgefill.maps.RidgeMaps.select`, written by ``ridgefill tune``), else ``"on"``;
+    anything else as :func:`as_select`.
+
+    Raises:
+        InputError: as :func:`as_select` (a bad spec, given or recorded).
+    """
+    if isinstance(select, str) and select.strip() == "auto":
+        select = recorded if recorded is not None else "on"
+    return as_select(select)
