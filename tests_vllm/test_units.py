@@ -4,6 +4,7 @@ and the engine checks."""
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -13,11 +14,13 @@ from ridgefill_vllm import ARCHITECTURES, check_architecture
 from ridgefill_vllm.adapters import FAMILIES, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, QWEN3_NEXT
 from ridgefill_vllm.llama import (DEFAULT_TAIL, FillModel, attach_fill, check_engine, check_selection_cache,
                                   fill_settings)
-from ridgefill_vllm.maps import load_fill_maps
+from ridgefill_vllm.maps import load_fill_maps, recorded_select
 from ridgefill_vllm.plan import (CarriedStates, carried_states, make_plan, runs_metadata, slots_of,
                                  subset_metadata)
 from ridgefill_vllm.prefix import fill_block_key, maps_identity
-from ridgefill_vllm.selection import ChosenRows, ScoringModel, parse_select, read_keys, selecting_requests, spans
+from ridgefill_vllm.selection import DEFAULT_SELECT as DEFAULT_SELECT_SETTING
+from ridgefill_vllm.selection import (ChosenRows, ScoringModel, engine_selects, parse_select, read_keys,
+                                      read_scores, selecting_requests, spans)
 
 
 def test_plan_tail_per_request_and_decode_tokens_exact():
@@ -186,6 +189,13 @@ def test_maps_reader_reads_and_checks_shapes(tmp_path):
         maps.check_shape(num_layers=5, hidden=4)
     with pytest.raises(MapsMismatchError, match="hidden size 8"):
         maps.check_shape(num_layers=4, hidden=8)
+    assert maps.induction is None and maps.select is None  # format version 1
+    v2 = load_fill_maps(_maps_file(tmp_path / "v2.safetensors", meta={"format_version": 2, "select": "one-pass"},
+                                   induction=torch.arange(16.0).view(4, 4)))
+    assert v2.select == "one-pass" and torch.equal(v2.induction, torch.arange(16.0).view(4, 4))
+    v2.check_shape(num_layers=4, hidden=4, heads=4)
+    with pytest.raises(MapsMismatchError, match=r"induction scores \(4, 4\).*4 layers of 2 heads"):
+        v2.check_shape(num_layers=4, hidden=4, heads=2)
 
 
 def test_maps_reader_verifies_content_hashes(tmp_path):
@@ -216,8 +226,8 @@ def test_maps_reader_refuses_bad_files(tmp_path):
     bad.write_bytes(b"not a safetensors file")
     with pytest.raises(MapsFormatError, match="truncated or corrupted"):
         load_fill_maps(bad)
-    with pytest.raises(MapsFormatError, match="format version"):
-        load_fill_maps(_maps_file(tmp_path / "v.safetensors", meta={"format_version": 2}))
+    with pytest.raises(MapsFormatError, match="format version 3"):  # versions 1 and 2 are read
+        load_fill_maps(_maps_file(tmp_path / "v.safetensors", meta={"format_version": 3}))
     with pytest.raises(MapsFormatError, match="kind 'kv'"):
         load_fill_maps(_maps_file(tmp_path / "kv.safetensors", meta={"kind": "kv"}))
     with pytest.raises(MapsFormatError, match="NaN or Inf"):
@@ -239,7 +249,7 @@ def test_weight_sample_check(tmp_path):
 
 def test_settings():
     assert fill_settings(SimpleNamespace()) is None
-    assert fill_settings(SimpleNamespace(ridgefill={"maps": "m.safetensors"})) == ("m.safetensors", DEFAULT_TAIL, "on")
+    assert fill_settings(SimpleNamespace(ridgefill={"maps": "m.safetensors"})) == ("m.safetensors", DEFAULT_TAIL, "auto")
     assert fill_settings(SimpleNamespace(ridgefill={"maps": "m.safetensors", "tail": 8, "select": "off"})) == (
         "m.safetensors", 8, "off")
     assert fill_settings(SimpleNamespace(ridgefill={"tail": 8})) is None  # no maps: the exact model
@@ -423,7 +433,11 @@ def test_query_hooks_and_sliding_window_scoring_mask():
     pos = torch.tensor([4, 6])
     want = torch.tensor([[j <= p and j > p - 3 for j in range(7)] for p in (4, 6)])
     assert torch.equal(scoring.visible_keys(0, pos, 7, None), want)
-    assert scoring.visible_keys(1, pos, 7, None) is None
+    assert torch.equal(scoring.visible_keys(0, pos, 4, None, first_key=3), want[:, 3:])  # a chunk of keys 3..6
+    assert scoring.visible_keys(1, pos, 7, None) is None and scoring.visible_keys(1, pos, 4, None, first_key=3) is None
+    # the keys the rows at 4 and 6 read among 9: from 4 - 3 + 1 in the sliding layer, from 0 in the full one
+    assert scoring.key_range(0, pos.numpy(), 9) == (2, 7) and scoring.key_range(1, pos.numpy(), 9) == (0, 7)
+    assert scoring.key_range(0, np.array([1, 2]), 9) == (0, 3)
 
 
 def test_fill_block_key_says_which_rows_of_a_block_are_filled(tmp_path):
@@ -444,20 +458,60 @@ def test_fill_block_key_says_which_rows_of_a_block_are_filled(tmp_path):
 
 
 def test_parse_select_is_the_reference_spec_language():
-    from ridgefill.select import DEFAULT_SELECT, Select
+    """The plugin's ``select`` reads as ``ridgefill.prefill``'s: the named settings, ``auto`` as the maps record (else
+    ``on``), spec strings; a query-agnostic part is refused, also when the maps record it for ``auto``."""
+    from ridgefill.select import DEFAULT_SELECT, ONE_PASS_SELECT, SETTINGS, TWO_PASS_SELECT, Select
 
+    assert DEFAULT_SELECT_SETTING == "auto"
     assert parse_select("off") is None
     assert parse_select("on") == DEFAULT_SELECT
+    assert parse_select("two-pass") == TWO_PASS_SELECT and parse_select("one-pass") == ONE_PASS_SELECT
+    assert ONE_PASS_SELECT.passes == 1 and TWO_PASS_SELECT.passes == 2
     assert parse_select("attention").parts == (Select(),)
-    for bad, words in [("prompt", "query-agnostic"), ("budget=x", "not a number"), (True, "spec string"),
-                       ("sideways", "key=value")]:
+    assert parse_select("auto") == DEFAULT_SELECT and parse_select(" auto ", None) == DEFAULT_SELECT
+    assert parse_select("auto", "one-pass") == ONE_PASS_SELECT and parse_select("auto", "off") is None
+    assert parse_select("auto", "budget=0.03") == parse_select("budget=0.03")
+    assert parse_select("on", "off") == DEFAULT_SELECT  # a named setting ignores the recorded one
+    assert [n for n in SETTINGS if n != "prompt" and parse_select(n, "two-pass") is None] == ["off"]
+    for bad, recorded, words in [("prompt", None, "query-agnostic"), ("budget=x", None, "not a number"),
+                                 (True, None, "must be a string.*auto, on, two-pass, one-pass, prompt, off"),
+                                 ("sideways", None, "key=value"),
+                                 ("auto", "prompt", "recorded setting 'prompt'.*query-agnostic.*'one-pass'"),
+                                 ("auto", "sideways", "recorded setting 'sideways'.*key=value")]:
         with pytest.raises(InputError, match=words):
-            parse_select(bad)
+            parse_select(bad, recorded)
+
+
+def test_the_engine_selects_as_its_setting_resolves_against_the_maps(tmp_path):
+    """Where the model is not at hand (the KV pool's sizing, the prefix-cache keys), ``auto`` reads the setting recorded
+    in the maps file's header; an unreadable file records none."""
+    plain = _maps_file(tmp_path / "m.safetensors")
+    off = _maps_file(tmp_path / "off.safetensors", meta={"format_version": 2, "select": "off"})
+    assert recorded_select(plain) is None and recorded_select(off) == "off"
+    assert recorded_select(tmp_path / "missing.safetensors") is None
+    assert engine_selects({"maps": "m"}, plain) and not engine_selects({"maps": "m"}, off)
+    assert engine_selects({"maps": "m", "select": "one-pass"}, off)
+    assert not engine_selects({"maps": "m", "select": "off"}, plain)
+
+
+def test_scores_of_prompts_of_several_lengths_are_read_at_once():
+    """The step's score vectors (one per selecting request and part, of the requests' prompt lengths) come back to the
+    host whole and in order, from one host read."""
+    scores = {(0, 1): torch.arange(5.0), (2, 1): torch.arange(3.0) + 10, (2, 2): torch.zeros(7)}
+    with _HostReads() as mode:  # on the accelerator's stand-in: one read, whatever the lengths
+        mode.reads.clear()
+        on_device = read_scores({k: torch.empty(v.shape, device="meta") for k, v in scores.items()})
+        assert list(mode.reads) == ["_to_copy.default"] and [v.size for v in on_device.values()] == [5, 3, 7]
+    got = read_scores(scores)
+    assert list(got) == list(scores) and all(isinstance(v, np.ndarray) for v in got.values())
+    assert all(got[k].tolist() == v.tolist() for k, v in scores.items())
+    assert read_scores({}) == {}
 
 
 def test_spans_and_slots():
-    assert spans(torch.tensor([0, 1, 2, 7, 9, 10])) == [(0, 3), (7, 8), (9, 11)]
-    assert spans(torch.tensor([], dtype=torch.int64)) == []
+    assert spans(np.array([0, 1, 2, 7, 9, 10])) == [(0, 3), (7, 8), (9, 11)]
+    assert spans(np.array([5])) == [(5, 6)]
+    assert spans(np.array([], dtype=np.int64)) == []
     table = torch.tensor([5, 2, 9], dtype=torch.int32)  # a request's blocks, block size 4
     assert slots_of(table, torch.tensor([0, 3, 4, 9]), 4).tolist() == [20, 23, 8, 37]
 
@@ -510,10 +564,10 @@ def test_read_keys_reads_what_the_cpu_backend_wrote(dtype):
 
 def test_chosen_rows_are_kept_by_request_and_prompt_length():
     kept = ChosenRows(capacity=2)
-    kept.put("a", 700, torch.tensor([1, 2]))
+    kept.put("a", 700, np.array([1, 2]))
     assert kept.get("a", 700).tolist() == [1, 2] and kept.get("a", 699) is None and kept.get("b", 700) is None
-    kept.put("b", 10, torch.tensor([3]))
-    kept.put("c", 10, torch.tensor([4]))
+    kept.put("b", 10, np.array([3]))
+    kept.put("c", 10, np.array([4]))
     assert kept.get("a", 700) is None and kept.get("c", 10).tolist() == [4]  # the oldest is forgotten
 
 
@@ -529,7 +583,7 @@ def test_selecting_requests_are_those_whose_last_prompt_token_is_scheduled():
     plan.token_ids = torch.arange(4 * 20).view(4, 20)
     got = selecting_requests(plan, 3)
     assert [(s.req, s.prompt, s.computed, s.req_id) for s in got] == [(0, 10, 4, "r0")]
-    assert got[0].token_ids.tolist() == list(range(10))
+    assert got[0].token_ids.tolist() == list(range(10)) and got[0].token_ids.dtype == np.int64  # host ids
 
 
 def test_plan_with_selection_keeps_a_tail_chunk():

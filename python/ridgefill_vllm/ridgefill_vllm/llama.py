@@ -19,11 +19,13 @@ tokens (:mod:`ridgefill_vllm.plan`):
    to the paged cache that holds the filled tokens' predicted K/V (of this and earlier chunks) and the
    exact tokens' own K/V.
 
-4. Row selection (``select``, ``on`` by default; :mod:`ridgefill_vllm.selection`): in the step that
-   schedules a request's last prompt token, the reference's selection chooses more exact rows (the lexical
-   part from the token ids; the attention parts from pass 1's attention over the paged cache), and the tail
-   and the chosen rows run the late layers again from their kept split states (pass 2). With tensor
-   parallelism the ranks exchange head and row scores so that all choose the same rows (:mod:`ridgefill_vllm.tp`).
+4. Row selection (``select``, ``auto`` by default: the maps' recorded setting, else ``on``;
+   :mod:`ridgefill_vllm.selection`): in the step that schedules a request's last prompt token, the reference's
+   selection chooses more exact rows on the host (the lexical part from the token ids; one-pass parts from the
+   tail's predicted queries over the predicted keys, before the late layers; the attention parts from pass 1's
+   attention over the paged cache), and the tail and the chosen rows run the late layers again from their kept split
+   states (pass 2; once, after the choice, without attention parts). With tensor parallelism the ranks exchange head
+   and row scores so that all choose the same rows (:mod:`ridgefill_vllm.tp`).
 
 5. Hybrid models (Qwen3-Next, :meth:`FillModel._late_layers`): a late linear-attention layer runs its input
    norm and mixer over every token of the step, on ``x̂_l`` for filled tokens and on the true input for exact
@@ -37,7 +39,8 @@ run vLLM's plain forward. Without maps the model is vLLM's own.
 
 Settings (the ``ridgefill`` entry of the model config, e.g. through ``hf_overrides``): ``maps``, the
 path of a maps file from ``ridgefill calibrate``; ``tail``, exact tokens per prompt (default 256);
-``select``, row selection as a spec string (``"on"``, the default; ``"off"``: the plain fill).
+``select``, row selection as ``ridgefill.prefill`` takes it (``"auto"``, the default: the setting the maps record,
+else ``"on"``; ``"two-pass"``, ``"one-pass"``, ``"off"``: the plain fill; or a spec string).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import time
 from collections.abc import Iterable
 from itertools import islice
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -67,8 +71,8 @@ from .errors import InputError
 from .maps import SAMPLE_VALUES, FillMaps, load_fill_maps, resolve_maps_path
 from .plan import CarriedStates, carried_states, install_runner_hook, runs_metadata, slots_of
 from .prefix import DEFAULT_TAIL
-from .selection import (DEFAULT_SELECT, ChosenRows, ScoringModel, SplitStates, induction_scores, parse_select,
-                        read_keys, selecting_requests, spans)
+from .selection import (DEFAULT_SELECT, ChosenRows, ScoringModel, SplitStates, induction_scores, is_auto,
+                        parse_select, read_keys, read_scores, selecting_requests, spans)
 from .tp import combine_layer, gather_heads, local_heads
 
 logger = init_logger(f"vllm.{__name__}")  # under vLLM's logger: its handler, format and VLLM_LOGGING_LEVEL
@@ -77,7 +81,9 @@ logger = init_logger(f"vllm.{__name__}")  # under vLLM's logger: its handler, fo
 #: (``{"query_lens": [...], "filled": F, "exact": E, "num_filled": [...], "num_computed": [...], "carried": C,
 #: "written": [...]}``): how vLLM batched the requests, where each request's scheduled tokens start, how many
 #: chunks read a carried split state, and how many filled tokens each late layer wrote (fewer in sliding-window
-#: layers) (tests, debugging).
+#: layers); a step in which requests select adds a line ``{"selected": {request id: rows}, "reused": [request ids],
+#: "passes": P}``: the rows each chose beyond its tail, the requests recomputed with the rows chosen before, and the
+#: passes of the late layers (tests, debugging).
 STEP_LOG_ENV = "RIDGEFILL_VLLM_STEP_LOG"
 
 
@@ -94,13 +100,14 @@ def fill_settings(hf_config) -> tuple[str, int, str] | None:
     if not isinstance(cfg, dict) or set(cfg) - {"maps", "tail", "select"}:
         raise InputError(f"the model config's 'ridgefill' entry must be a dict with keys 'maps' (a maps file from "
                          f"`ridgefill calibrate`), 'tail' (exact tokens per prompt) and 'select' (row selection, "
-                         f"'on' or 'off'); got {cfg!r}")
+                         f"'auto', 'on', 'two-pass', 'one-pass' or 'off'); got {cfg!r}")
     tail = cfg.get("tail", DEFAULT_TAIL)
     if not isinstance(tail, int) or isinstance(tail, bool) or tail < 1:
         raise InputError(f"ridgefill tail={tail!r} must be an integer ≥ 1 (exact tokens at the end of each prompt)")
     select = cfg.get("select", DEFAULT_SELECT)
     if not isinstance(select, str):
-        raise InputError(f"ridgefill select={select!r} must be a string: 'on' (the default), 'off', or a spec")
+        raise InputError(f"ridgefill select={select!r} must be a string: 'auto' (the default), 'on', 'two-pass', "
+                         "'one-pass', 'off', or a spec")
     if cfg.get("maps") is None:
         return None
     return str(cfg["maps"]), tail, select
@@ -166,6 +173,20 @@ def check_engine(vllm_config: VllmConfig, family: Family = LLAMA) -> None:
         raise InputError("RidgeFill cannot serve with these engine settings: " + "; ".join(problems))
 
 
+def served_selection(selection, family: Family, vllm_config: VllmConfig):
+    """``selection`` (a ``ridgefill.select.Selection``, or ``None``: the plain fill) when ``family`` serves it for this
+    model.
+
+    Raises:
+        InputError: row selection the family refuses for this model
+            (:meth:`~ridgefill_vllm.adapters.Family.check_selection`).
+    """
+    refused = family.check_selection(vllm_config) if selection is not None else []
+    if refused:
+        raise InputError(f"RidgeFill cannot serve row selection for this {family.name} model: " + "; ".join(refused))
+    return selection
+
+
 #: Attention backends whose paged key layout row selection's key reader knows (:func:`~.selection.read_keys`).
 SELECTION_BACKENDS = ("CPU_ATTN", "FLASH_ATTN")
 
@@ -212,19 +233,21 @@ class FillModel:
         if settings is None:
             return
         check_engine(vllm_config, family)
-        self.selection = parse_select(settings[2])  # before the maps load: a bad setting fails fast
-        refused = family.check_selection(vllm_config) if self.selection is not None else []
-        if refused:
-            raise InputError(f"RidgeFill cannot serve row selection for this {family.name} model: "
-                             + "; ".join(refused))
+        setting = settings[2]
+        if not is_auto(setting):  # before the maps load: a bad setting fails fast ("auto" reads the maps)
+            self.selection = served_selection(parse_select(setting), family, vllm_config)
         install_runner_hook()  # each step records its prompt lengths for the row plan (ridgefill_vllm.plan)
         maps_path = resolve_maps_path(settings[0], getattr(vllm_config.model_config, "model", None))
         maps = load_fill_maps(maps_path)
-        maps.check_shape(self.config.num_hidden_layers, self.config.hidden_size)
+        maps.check_shape(self.config.num_hidden_layers, self.config.hidden_size, self.config.num_attention_heads)
+        if is_auto(setting):
+            self.selection = served_selection(parse_select(setting, maps.select), family, vllm_config)
         self.fill_maps = maps
         self.split = maps.split
-        logger.info("RidgeFill: maps %s (split S=%d, %s maps), tail %d, row selection %s", maps_path, maps.split,
-                    "context" if maps.context else "plain", self.tail, self.selection or "off")
+        logger.info("RidgeFill: maps %s (split S=%d, %s maps), tail %d, row selection %s%s", maps_path, maps.split,
+                    "context" if maps.context else "plain", self.tail, self.selection or "off",
+                    f" (select 'auto': the maps' setting {maps.select!r})" if is_auto(setting) and maps.select
+                    else " (select 'auto': 'on')" if is_auto(setting) else "")
         dtype, device = vllm_config.model_config.dtype, vllm_config.device_config.device
         # plain attributes, not parameters: the checkpoint loader must not look for them
         self._w = maps.weights.to(device=device, dtype=dtype)
@@ -237,6 +260,7 @@ class FillModel:
         self._states = SplitStates()  # h_S by KV slot (selection reruns rows of earlier chunks)
         self._chosen = ChosenRows()  # each request's exact rows, reused when a preempted request is recomputed
         self._scoring: ScoringModel | None = None
+        self._induction: torch.Tensor | None = None  # [L, H] induction scores of every head (selection's kept heads)
         self.late = list(range(self.split + 1, self.config.num_hidden_layers))
         # the late layers with attention (all of them but a hybrid model's linear-attention layers)
         self.late_attn = [i for i in self.late if not family.is_recurrent(self.layers[i])]
@@ -280,13 +304,12 @@ class FillModel:
             w = w[q_rows:].detach().clone()  # [2·kv_size (this rank), d]
             self._kv.append((w, None if bias is None else bias[q_rows:].detach().clone()))
 
-    def _write_filled(self, j: int, h: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                      m: int | None = None) -> None:
-        """Late attention layer ``self.late_attn[j]``: K/V of the filled tokens from ``x̂ = h W + b`` (the maps of
-        late layer ``m``, default ``j``: the same layer in a model without linear-attention layers) into the paged
-        cache (``h`` ``[F, f]``: the filled tokens' ``h_S``, beside the previous token's for context maps)."""
-        if h.shape[0] == 0:
-            return
+    def _filled_kv(self, j: int, h: torch.Tensor, positions: torch.Tensor,
+                   m: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Late attention layer ``self.late_attn[j]``: the predicted keys (after RoPE) and values ``[F, kv_size]`` of
+        tokens at ``positions`` from ``x̂ = h W + b`` (the maps of late layer ``m``, default ``j``: the same layer in a
+        model without linear-attention layers; ``h`` ``[F, f]``: the tokens' ``h_S``, beside the previous token's for
+        context maps), through the layer's input norm, K/V projection, key norm and RoPE."""
         layer = self.layers[self.late_attn[j]]
         family = self.family
         attn = family.attention(layer)
@@ -296,7 +319,16 @@ class FillModel:
         k, v = F.linear(family.input_norm(layer)(x_hat), w, bias).split([attn.kv_size, attn.kv_size], dim=-1)
         k = family.keys(attn, k)  # per-head k-norm before RoPE where the family has one (Qwen3, Gemma 3)
         k, _ = family.rope(attn)(positions, k.contiguous(), None)  # RoPE on the keys (passed as the query)
-        a = attn.attn
+        return k, v
+
+    def _write_filled(self, j: int, h: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      m: int | None = None) -> None:
+        """Late attention layer ``self.late_attn[j]``: K/V of the filled tokens (:meth:`_filled_kv`) into the paged
+        cache at ``slots``."""
+        if h.shape[0] == 0:
+            return
+        k, v = self._filled_kv(j, h, positions, m)
+        a = self.family.attention(self.layers[self.late_attn[j]]).attn
         a.impl.do_kv_cache_update(a, k.view(-1, a.num_kv_heads, a.head_size), v.reshape(-1, a.num_kv_heads,
                                   a.head_size_v), a.kv_cache, slots)
 
@@ -494,79 +526,148 @@ class FillModel:
         finally:
             del la.forward
 
+    def _scoring_model(self, device) -> tuple[ScoringModel, torch.Tensor | None]:
+        """What the attention and one-pass parts score with, made at the first step that selects: the
+        :class:`~ridgefill_vllm.selection.ScoringModel` and the induction scores ``[L, H]`` of every head (the maps'
+        when they hold them, else scored from the served weights once and gathered over the tensor-parallel ranks;
+        ``None`` when no part keeps heads by them)."""
+        if self._scoring is None:
+            self._scoring = ScoringModel(self, self._q)
+            by_induction = any(p.heads == "induction" for p in self.selection.parts if p.by in ("attention", "predicted"))
+            if by_induction:
+                ind = self.fill_maps.induction
+                self._induction = ind if ind is not None else gather_heads(induction_scores(self), device)
+        return self._scoring, self._induction
+
     def _forward_selecting(self, plan, positions: torch.Tensor, h: torch.Tensor, selecting):
         """The late layers of a step in which requests select (:mod:`ridgefill_vllm.selection`): the filled
-        tokens' K/V are written; each selecting request runs the lexical part, pass 1 with the attention
-        parts' scoring, and, where they add rows, pass 2 (as ``ridgefill.prefill``); the step's other
-        requests run their exact tokens in pass 1. Returns the step's output hidden states, the rows each
-        selecting request made exact beyond its tail (by request row) and the selection's wall time in seconds."""
+        tokens' K/V are written; each selecting request runs the parts chosen up front (the lexical part; one-pass
+        parts, :meth:`_predicted_scores`), pass 1 with the attention parts' scoring and, where they add rows, pass 2
+        (as ``ridgefill.prefill``); the step's other requests run their exact tokens in pass 1. The row plan is
+        host NumPy: the device is read once for the step's one-pass scores and once per round of attention scores,
+        for all selecting requests together. Returns the step's output hidden states, the rows each selecting request
+        made exact beyond its tail (by request row) and the selection's wall time in seconds."""
         from ridgefill.select import Planner
 
         started = time.perf_counter()
         device = h.device
-        if self._scoring is None:
-            self._scoring = ScoringModel(self, self._q, gather_heads(induction_scores(self), device))  # every rank's heads
+        scoring, induction = self._scoring_model(device)
         q_lens, n_filled, computed = plan.query_lens.tolist(), plan.num_filled.tolist(), plan.num_computed.tolist()
-        exact: dict[int, torch.Tensor] = {}  # request row -> sorted positions that run the late layers
+        exact: dict[int, np.ndarray] = {}  # request row -> sorted host positions that run the late layers
         for r in range(len(q_lens)):
             if q_lens[r] > n_filled[r]:
-                exact[r] = torch.arange(computed[r] + n_filled[r], computed[r] + q_lens[r], device=device)
+                exact[r] = np.arange(computed[r] + n_filled[r], computed[r] + q_lens[r])
         planners, prompt = {}, {}
         for s in selecting:
             prompt[s.req] = s.prompt
-            tail_rows = torch.arange(s.prompt - self.tail, s.prompt, device=device)
             chosen = self._chosen.get(s.req_id, s.prompt)
             if chosen is not None:  # a recomputed request (preemption) runs the rows it chose before
-                exact[s.req] = chosen.to(device)
+                exact[s.req] = chosen
                 continue
-            planners[s.req] = Planner(self.selection, s.prompt, device)
-            exact[s.req] = planners[s.req].up_front(s.token_ids[None].to(device), None, None, self.tail, tail_rows)
+            planners[s.req] = Planner(self.selection, s.prompt)
+            exact[s.req] = np.arange(s.prompt - self.tail, s.prompt)
         for s in selecting:  # sliding-window layers: a chosen row sees filled rows the tail does not
             self._write_windowed(plan, s)
+        up_front = read_scores(self._predicted_scores(plan, planners, exact, prompt, scoring, induction))  # one read
+        for s in selecting:
+            if s.req in planners:
+                pl = planners[s.req]
+                exact[s.req] = pl.up_front(s.token_ids[None], self.tail, exact[s.req],
+                                           {i: up_front[(s.req, i)] for i in pl.device_parts()})
         rounds = self.selection.rounds
-        ran: dict[int, torch.Tensor] = {}
+        ran: dict[int, np.ndarray] = {}
         scorers: dict[int, dict] = {}
         outputs: dict[int, torch.Tensor] = {}
+        passes = 0  # passes of the late layers
         for rnd in range(rounds + 1):
-            run = [r for r in sorted(exact) if r not in ran or (r in planners and not torch.equal(ran[r], exact[r]))]
+            run = [r for r in sorted(exact) if r not in ran or (r in planners and not np.array_equal(ran[r], exact[r]))]
             if run:
+                passes += 1
                 for r in run:
                     if r in planners:
-                        scorers[r] = planners[r].scorers(self._scoring, rnd)
-                        local_heads(scorers[r].values())  # tensor parallel: this rank's heads of those kept
+                        scorers[r] = planners[r].scorers(scoring, rnd, induction)
                 out = self._late_run(plan, {r: exact[r] for r in run}, prompt,
-                                     {r: list(scorers[r].values()) for r in run if r in planners and scorers[r]})
+                                     {r: _scored(scorers[r].values()) for r in run if r in planners and scorers[r]})
                 for r in run:
                     ran[r], outputs[r] = exact[r], out[r]
-            if rnd < rounds:
+            if rnd < rounds:  # every selecting request's scores of this round, read at once
+                got = read_scores({(r, i): sc.scores for r in planners for i, sc in scorers[r].items()})
                 for r, planner in planners.items():
-                    exact[r] = planner.after_pass(rnd, scorers[r], exact[r])
+                    exact[r] = planner.after_pass(rnd, {i: got[(r, i)] for i in scorers[r]}, exact[r])
         for s in selecting:
             if s.req in planners:
                 self._chosen.put(s.req_id, s.prompt, ran[s.req])
         # a preempted request recomputed after it generated tokens schedules them beside its last prompt chunk:
         # they run the late layers after selection, attending to the cache it left (as a decoding step would)
-        generated = {s.req: torch.arange(s.prompt, computed[s.req] + q_lens[s.req], device=device)
+        generated = {s.req: np.arange(s.prompt, computed[s.req] + q_lens[s.req])
                      for s in selecting if computed[s.req] + q_lens[s.req] > s.prompt}
         if generated:
             out = self._late_run(plan, generated, prompt, {})
             for r, pos in generated.items():
-                ran[r], outputs[r] = torch.cat([ran[r], pos]), torch.cat([outputs[r], out[r]])
+                ran[r], outputs[r] = np.concatenate([ran[r], pos]), torch.cat([outputs[r], out[r]])
         if os.environ.get(STEP_LOG_ENV):
             with open(os.environ[STEP_LOG_ENV], "a") as f:
                 f.write(json.dumps({"selected": {s.req_id: ran[s.req][ran[s.req] < s.prompt - self.tail].tolist()
                                                  for s in selecting},
-                                    "reused": [s.req_id for s in selecting if s.req not in planners]}) + "\n")
+                                    "reused": [s.req_id for s in selecting if s.req not in planners],
+                                    "passes": passes}) + "\n")
+        # each request's exact tokens of the step (the last q - num_filled it schedules) take their rows' outputs
+        starts = np.concatenate([[0], np.cumsum(q_lens)])
+        dst, src, base = [], [], 0
+        for r in sorted(ran):
+            pos = np.arange(computed[r] + n_filled[r], computed[r] + q_lens[r])
+            dst.append(starts[r] + n_filled[r] + np.arange(pos.size))
+            src.append(base + np.searchsorted(ran[r], pos))
+            base += ran[r].size
         out = h.new_zeros((positions.shape[0], h.shape[-1]))
-        req = torch.repeat_interleave(torch.arange(len(q_lens)), plan.query_lens)
-        ex = plan.exact.cpu()
-        for r in range(len(q_lens)):
-            tokens = ex[req[ex] == r]
-            if tokens.numel():
-                rows = torch.searchsorted(ran[r], positions[tokens.to(device)])
-                out[tokens.to(device)] = outputs[r][rows]
+        if dst:
+            rows = torch.cat([outputs[r] for r in sorted(ran)])
+            out[_on(device, np.concatenate(dst))] = rows[_on(device, np.concatenate(src))]
         chosen = {s.req: int((ran[s.req] < s.prompt - self.tail).sum()) for s in selecting}
         return out, chosen, time.perf_counter() - started
+
+    def _predicted_scores(self, plan, planners: dict, exact: dict, prompt: dict, scoring,
+                          induction) -> dict[tuple[int, int], torch.Tensor]:
+        """The one-pass parts' scores (``by="predicted"``, ``ridgefill.select.ONE_PASS_SELECT``), before any late layer
+        runs, as the reference's ``up_front_scores``: in each late layer with a kept head, the attention of the last
+        exact rows' (the tail's) *predicted* queries (``x̂ = h_S W + b`` through the layer's input norm, query projection
+        and RoPE) over every row's predicted keys (the filled rows' from the paged cache, where they were written; the
+        tail's computed from their kept ``h_S``, not written). ``{(request row, part index): [prompt] float32}`` on the
+        device, for every request in ``planners``."""
+        from ridgefill.select import AttentionScores
+
+        out: dict[tuple[int, int], torch.Tensor] = {}
+        table, bs, device = plan.common.block_table_tensor, plan.block_size, self._w.device
+        for r, planner in planners.items():
+            parts = planner.parts
+            mine = {i: AttentionScores(scoring, prompt[r], parts[i], induction) for i in planner.device_parts()
+                    if parts[i].by == "predicted"}
+            if not mine:
+                continue
+            scored = dict(zip(mine, _scored(mine.values())))
+            n, t = prompt[r], self.tail
+            rows = exact[r][-max(sc.rows for sc in mine.values()):]  # the query rows: the tail's last
+            tail = torch.arange(n - t, n, device=device)
+            h = self._states.read(slots_of(table[r], tail, bs))  # [t, d]: the tail's kept h_S
+            if self.fill_maps.context:  # beside the previous token's (the row before the tail is filled: n > t)
+                h = torch.cat([h, torch.cat([self._states.read(slots_of(table[r], tail[:1] - 1, bs)), h[:-1]])], -1)
+            for j, i in enumerate(self.late_attn):  # one map per late attention layer: selection has no other kind
+                here = [(sc, layers) for sc, layers in scored.values() if i in layers]
+                if not here:
+                    continue
+                attn = self.family.attention(self.layers[i]).attn
+                k_tail, _ = self._filled_kv(j, h, tail)
+                keys = read_keys(attn, table[r], n, bs)  # [kv_heads, n, hd]: the filled rows' predicted keys
+                keys = torch.cat([keys[:, :n - t], k_tail.view(t, attn.num_kv_heads, attn.head_size).transpose(0, 1)
+                                  .to(keys.dtype)], 1)[None]
+                x_hat = torch.addmm(self._b[j], h[-rows.size:], self._w[j])[None]  # the query rows' predicted inputs
+                for sc, _ in here:
+                    q = min(sc.rows, rows.size)
+                    before = sc.scores.clone()
+                    sc.add(i, x_hat[:, -q:], tail[-q:], tail[-q:], keys, None, host=rows[-q:])
+                    combine_layer(sc, before)  # tensor parallel: the scores of every rank's heads
+            out.update({(r, i): sc.scores for i, sc in mine.items()})
+        return out
 
     def _write_windowed(self, plan, s) -> None:
         """The predicted K/V of every filled row of selecting request ``s`` (positions ``0..prompt-tail-1``, from
@@ -583,24 +684,24 @@ class FillModel:
             if w:
                 self._write_filled(j, h, pos, slots)
 
-    def _late_run(self, plan, rows: dict[int, torch.Tensor], prompt: dict[int, int],
+    def _late_run(self, plan, rows: dict[int, np.ndarray], prompt: dict[int, int],
                   scorers: dict[int, list]) -> dict[int, torch.Tensor]:
-        """Run the late layers for ``rows`` (request row -> sorted positions), from their kept ``h_S``, as
+        """Run the late layers for ``rows`` (request row -> sorted host positions), from their kept ``h_S``, as
         pseudo-requests (one per run of consecutive positions; :func:`~ridgefill_vllm.plan.runs_metadata`),
-        writing their K/V to their slots. ``scorers[r]`` (``ridgefill.select.AttentionScores``) record the
-        attention of request ``r``'s last rows over its ``prompt[r]`` keys in each late layer. Returns each
-        request's final hidden states ``[len(rows[r]), d]``."""
-        table, bs = plan.common.block_table_tensor, plan.block_size
-        reqs, runs, slot_parts, pos_parts, bounds, start = [], [], [], [], {}, 0
+        writing their K/V to their slots. ``scorers[r]`` (``(ridgefill.select.AttentionScores, the layers it
+        scores)`` pairs, :func:`_scored`) record the attention of request ``r``'s last rows over its ``prompt[r]``
+        keys in those late layers. Returns each request's final hidden states ``[len(rows[r]), d]``."""
+        table, bs, device = plan.common.block_table_tensor, plan.block_size, self._w.device
+        reqs, runs, bounds, start = [], [], {}, 0
         for r, pos in rows.items():
-            for a, b in spans(pos.cpu()):
+            for a, b in spans(pos):
                 reqs.append(r)
                 runs.append((a, b))
-            slot_parts.append(slots_of(table[r], pos, bs))
-            pos_parts.append(pos)
-            bounds[r] = (start, start + pos.numel())
-            start += pos.numel()
-        slots, pos = torch.cat(slot_parts), torch.cat(pos_parts)
+            bounds[r] = (start, start + pos.size)
+            start += pos.size
+        host = np.concatenate(list(rows.values()))
+        pos = _on(device, host)
+        slots = slots_of(table, pos, bs, _on(device, np.repeat(list(rows), [p.size for p in rows.values()])))
         starts, ends = torch.tensor(runs, dtype=torch.int64).view(-1, 2).unbind(1)
         metadata = plan.build(runs_metadata(plan.common, torch.tensor(reqs, dtype=torch.int64), starts, ends, slots,
                                             pos))
@@ -613,28 +714,44 @@ class FillModel:
                 ctx.attn_metadata[name] = metadata
                 ctx.slot_mapping[name] = slots
             for i in self.late:
+                here = {r: [(sc, layers) for sc, layers in recs if i in layers] for r, recs in scorers.items()}
+                here = {r: recs for r, recs in here.items() if recs}
                 queries = {}
-                for r, recs in scorers.items():  # the scored rows' layer input, before the layer runs
+                for r, recs in here.items():  # the scored rows' layer input, before the layer runs
                     a, b = bounds[r]
-                    q = min(max(sc.rows for sc in recs), b - a)
-                    rows_r = torch.arange(b - q, b, device=x.device)
-                    queries[r] = (x[rows_r] + residual[rows_r]) if residual is not None else x[rows_r].clone()
+                    q0 = b - min(max(sc.rows for sc, _ in recs), b - a)
+                    queries[r] = (x[q0:b] + residual[q0:b]) if residual is not None else x[q0:b].clone()
                 x, residual = self.layers[i](pos, x, residual)
                 attn = self.family.attention(self.layers[i]).attn
-                for r, recs in scorers.items():
+                for r, recs in here.items():
                     a, b = bounds[r]
                     keys = read_keys(attn, table[r], prompt[r], bs)[None]
-                    for sc in recs:
+                    for sc, _ in recs:
                         k = min(sc.rows, b - a)
                         p = pos[b - k:b]
                         before = sc.scores.clone()
-                        sc.add(i, queries[r][-k:][None], p, p, keys, None)
+                        sc.add(i, queries[r][-k:][None], p, p, keys, None, host=host[b - k:b])
                         combine_layer(sc, before)  # tensor parallel: the scores of every rank's heads
         finally:
             _restore(ctx.attn_metadata, saved_meta)
             _restore(ctx.slot_mapping, saved_slots)
         x, _ = self.norm(x, residual)
         return {r: x[a:b] for r, (a, b) in bounds.items()}
+
+
+def _scored(scorers) -> list[tuple[object, frozenset[int]]]:
+    """Each ``ridgefill.select.AttentionScores`` of ``scorers`` with the layers it scores on some rank (where its
+    scores are combined over the ranks), then given this rank's kept heads (:func:`ridgefill_vllm.tp.local_heads`)."""
+    scorers = list(scorers)
+    layers = [frozenset(sc.layers()) for sc in scorers]
+    local_heads(scorers)
+    return list(zip(scorers, layers))
+
+
+def _on(device, rows: np.ndarray) -> torch.Tensor:
+    """Host ``int64`` rows as a device index tensor (copied without waiting where the device is an accelerator)."""
+    t = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+    return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
 
 
 def _restore(mapping: dict, saved: dict) -> None:

@@ -21,18 +21,20 @@ _TAG_BYTES = 8
 
 def fill_bytes_per_block(vllm_config, block_size: int) -> int:
     """``E``: bytes the fill keeps per KV block of ``block_size`` tokens for the engine ``vllm_config`` serves: with row
-    selection ``block_size · d`` values of the model dtype (``h_S`` by KV slot), for the plain fill ``d`` values and an
+    selection (:func:`~ridgefill_vllm.selection.engine_selects`: ``"auto"`` as the maps record) ``block_size · d`` values of the model dtype (``h_S`` by KV slot), for the plain fill ``d`` values and an
     int64 slot (one carried ``h_S`` per block; reserved whether or not the maps read context), 0 without maps.
     ``d``: the hidden size, the same on every tensor-parallel rank (the split states are not sharded)."""
     from . import serves_fill
-    from .selection import DEFAULT_SELECT, selection_off
+    from .maps import resolve_maps_path
+    from .selection import engine_selects
 
     model_config = vllm_config.model_config
     if not serves_fill(model_config):
         return 0
     d = model_config.get_hidden_size()
     value = torch.empty(0, dtype=model_config.dtype).element_size()
-    if selection_off(model_config.hf_config.ridgefill.get("select", DEFAULT_SELECT)):
+    cfg = model_config.hf_config.ridgefill
+    if not engine_selects(cfg, resolve_maps_path(cfg["maps"], model_config.model)):
         return d * value + _TAG_BYTES
     return block_size * d * value
 

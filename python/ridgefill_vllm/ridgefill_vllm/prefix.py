@@ -53,16 +53,15 @@ def set_engine_fill(model_config) -> None:
     global _ENGINE_FILL
     from . import serves_fill
     from .maps import resolve_maps_path
-    from .selection import DEFAULT_SELECT, selection_off
+    from .selection import engine_selects
 
     if not serves_fill(model_config):
         _ENGINE_FILL = None
         return
     cfg = model_config.hf_config.ridgefill
     tail = cfg.get("tail", DEFAULT_TAIL)
-    selects = not selection_off(cfg.get("select", DEFAULT_SELECT))
     path = resolve_maps_path(cfg["maps"], model_config.model)
-    _ENGINE_FILL = (maps_identity(path), tail, selects) if isinstance(tail, int) else None
+    _ENGINE_FILL = (maps_identity(path), tail, engine_selects(cfg, path)) if isinstance(tail, int) else None
 
 
 def fill_block_key(num_prompt: int, start: int, end: int, ident: str, tail: int,
