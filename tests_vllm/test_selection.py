@@ -1,7 +1,8 @@
-"""Row selection served by vLLM (``"select": "on"``, the default) against the reference ``ridgefill.prefill``
-with ``select="on"``: the same chosen rows, the same first-token log-probabilities and greedy tokens, with
-and without chunked prefill; filled-region needles through ``LLM.generate`` beside the plain fill and the
-exact model; prefix caching with selection on.
+"""Row selection served by vLLM (``"select"`` left at its default, ``"auto"``: the maps' recorded setting, else
+``"on"``) against the reference ``ridgefill.prefill``: with ``select="on"`` (the maps record none) the same chosen rows,
+the same first-token log-probabilities and greedy tokens, with and without chunked prefill; with maps that record the
+one-pass setting the same for ``select="auto"`` (one pass of the late layers); filled-region needles through
+``LLM.generate`` beside the plain fill and the exact model; prefix caching with selection on.
 
 Model: the bundled SmolLM2-135M-Instruct (float32), maps at S = 15 (``scripts/vllm_reference.py``). The engines
 are registered with ``conftest.bundled_engine`` and run with those of ``test_equality.py`` one after another in one
@@ -27,12 +28,13 @@ def _selected(steps) -> list[list[int]]:
     return [rows for s in steps if "selected" in s for rows in s["selected"].values()]
 
 
-def _engine(name, engine, prompts=None, **extra):
-    """Register the bundled-model engine ``name``: selection on (the default), the reference's maps and tail,
-    ``engine`` settings, ``prompts`` (a function of the reference; default: its three prompts), a step log."""
+def _engine(name, engine, prompts=None, maps="maps", **extra):
+    """Register the bundled-model engine ``name``: selection at its default (``auto``), the reference's maps (or those
+    of its entry ``maps``) and tail, ``engine`` settings, ``prompts`` (a function of the reference; default: its three
+    prompts), a step log."""
     @bundled_engine(name)
     def build(reference, work_dir):
-        ridgefill = {"maps": reference["maps"], "tail": reference["tail"]}  # select: the default, on
+        ridgefill = {"maps": reference[maps], "tail": reference["tail"]}  # select: the default, auto
         ids = [p["ids"] for p in reference["prompts"]] if prompts is None else prompts(reference)
         return _spec(reference, ridgefill, ids, step_log=str(work_dir / f"{name}-steps.jsonl"), engine=engine, **extra)
     return build
@@ -44,6 +46,8 @@ _engine("select", {}, fill_state=True)
 #: Selection on, chunked prefill at 256 tokens per step: the 700-token prompt selects in its third chunk, over rows
 #: of the two before; the others are chunked beside it and beside decoding tokens.
 _engine("select-chunked", {"enable_chunked_prefill": True, "max_num_batched_tokens": 256})
+#: The maps recording the one-pass setting (``select`` at its default, ``auto``), chunked prefill at 256 tokens per step.
+_engine("select-one-pass", {"enable_chunked_prefill": True, "max_num_batched_tokens": 256}, maps="maps_one_pass")
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +58,11 @@ def select_whole(bundled):
 @pytest.fixture(scope="module")
 def select_chunked(bundled):
     return bundled["select-chunked"]
+
+
+@pytest.fixture(scope="module")
+def select_one_pass(bundled):
+    return bundled["select-one-pass"]
 
 
 def _assert_equals_reference(out, refs, tol=5e-4):
@@ -74,7 +83,23 @@ def test_selection_chooses_the_reference_rows_and_equals_its_prefill(reference, 
     refs = [p["select"] for p in reference["prompts"]]
     assert sorted(map(tuple, _selected(select_whole["steps"]))) == sorted(tuple(r["selected"]) for r in refs)
     assert all(len(r["selected"]) > 0 for r in refs)  # selection chose rows on every prompt
+    assert [s["passes"] for s in select_whole["steps"] if "selected" in s] == [2, 2]  # two passes of the late layers
     _assert_equals_reference(select_whole, refs)
+
+
+def test_one_pass_selection_the_maps_record_chooses_the_reference_rows(reference, select_one_pass):
+    """Maps that record the one-pass setting, ``select`` at its default (``auto``): the plugin chooses the rows
+    ``ridgefill.prefill(select="auto")`` chooses with those maps (``ONE_PASS_SELECT``: before the late layers, from the
+    tail's predicted queries over every row's predicted keys; other rows than two-pass on two of the prompts), runs the
+    late layers once per selecting step, chunked at 256 tokens, and its first-token log-probabilities are within 5e-4
+    of the reference, with 12 greedy tokens equal."""
+    refs = [p["one_pass"] for p in reference["prompts"]]
+    assert sorted(map(tuple, _selected(select_one_pass["steps"]))) == sorted(tuple(r["selected"]) for r in refs)
+    assert all(len(r["selected"]) > 0 for r in refs)
+    assert sum(r["selected"] != p["select"]["selected"] for r, p in zip(refs, reference["prompts"])) >= 2
+    steps = [s for s in select_one_pass["steps"] if "selected" in s]
+    assert len(steps) >= 1 and all(s["passes"] == 1 for s in steps)
+    _assert_equals_reference(select_one_pass, refs)
 
 
 def test_selection_with_chunked_prefill_equals_one_step_per_prompt(reference, select_whole, select_chunked):
