@@ -46,7 +46,7 @@ def _serve(model_dir: str, port: int, log: Path, overrides: dict | None = None, 
 @pytest.fixture(scope="module")
 def exported(reference, work_dir) -> Path:
     """The model folder of ``ridgefill export-vllm`` for the bundled model, the reference's maps and tail (row
-    selection: the default, on)."""
+    selection: the default, ``auto``, which these maps, recording no setting, resolve to ``on``)."""
     from ridgefill.export_vllm import export_vllm
 
     out = work_dir / "exported"
@@ -78,8 +78,9 @@ def _complete(client, ids, extra_body=None, **extra):
 
 
 def test_completions_equal_the_reference_streaming_or_not(server, reference, tokenizer):
-    """The server (row selection on, the default) completes each prompt greedily with the reference's greedy
-    continuation with the default selection (the same text), and the streamed chunks join to the same text."""
+    """The server (row selection at its default, ``auto``: ``on`` with these maps) completes each prompt greedily with
+    the reference's greedy continuation with selection ``on`` (the same text), and the streamed chunks join to the same
+    text."""
     for p in reference["prompts"]:
         want = tokenizer.decode(p["select"]["greedy"], skip_special_tokens=True)
         got = _complete(server, p["ids"]).choices[0].text
@@ -121,7 +122,7 @@ def test_the_exported_folder_names_the_class_and_the_settings(exported, referenc
     copies)."""
     config = json.loads((exported / "config.json").read_text())
     assert config["architectures"] == ["RidgeFillLlamaForCausalLM"]
-    assert config["ridgefill"] == {"maps": "ridgefill/maps.safetensors", "tail": reference["tail"], "select": "on"}
+    assert config["ridgefill"] == {"maps": "ridgefill/maps.safetensors", "tail": reference["tail"], "select": "auto"}
     assert (exported / "ridgefill" / "maps.safetensors").read_bytes() == Path(reference["maps"]).read_bytes()
     model = Path(reference["model_dir"])
     assert sorted(f.name for f in exported.iterdir()) == sorted([f.name for f in model.iterdir() if f.is_file()]
