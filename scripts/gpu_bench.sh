@@ -15,7 +15,7 @@
 #    the plain fill, at 8K / 32K / 128K tokens (random weights time the same as the real model; maps are
 #    random).
 #
-# Needs: the project importable in the active Python (pip install -e ., or PYTHONPATH=python), a CUDA
+# Needs: the project importable in the active Python (pip install -e '.[full]', or PYTHONPATH=python), a CUDA
 # build of torch, and one GPU with at least 80 GB (128K tokens: 16 GB of weights, 16 GB of KV cache,
 # activations). About 4 minutes on an H200, most of it the 128K prefills.
 # bench.json records the command with the JSON file's name only (no folder of this machine).

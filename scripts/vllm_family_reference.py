@@ -5,7 +5,9 @@ Runs in the project's main environment (``transformers`` 5.24), not in the vLLM 
 
 1. builds a tiny random model from a ``transformers`` config (float32; 4 layers, hidden 128, 4 heads of 32
    (vLLM's CPU attention needs a head size of at least 32), 2 KV heads, vocabulary 512; random norm weights and biases, weights drawn at std 0.1 and the LM head scaled by 8 so that the
-   logits are not near-uniform; Gemma 3 with sliding-window layers 0 and 2, window 48) and saves it with the bundled
+   logits are not near-uniform; Gemma 3 with sliding-window layers 0 and 2, window 48, and ``gemma3_groups`` with
+   sliding-window layers 0, 2 and 3, whose late layers are in two KV-cache groups under vLLM's hybrid KV-cache
+   manager) and saves it with the bundled
    model's tokenizer files (vLLM loads a tokenizer; the prompts are token ids below 256),
 2. fits context maps at split ``--split`` (``ridgefill.calibration.calibrate``, one token per byte of the
    calibration novels, 2,048 tokens),
@@ -73,6 +75,11 @@ def _configs():
         "gemma3_text": ("Gemma3ForCausalLM", lambda: tf.Gemma3TextConfig(
             **COMMON, head_dim=32, sliding_window=48, query_pre_attn_scalar=24,
             layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])),
+        # three sliding layers to one full: vLLM's hybrid KV-cache manager gives each sliding layer a KV-cache group
+        # of its own (same spec, own block table), so the late layers 2 and 3 write through two groups' slots
+        "gemma3_groups": ("Gemma3ForCausalLM", lambda: tf.Gemma3TextConfig(
+            **COMMON, head_dim=32, sliding_window=48, query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"])),
         "qwen3_next": ("Qwen3NextForCausalLM", lambda: tf.Qwen3NextConfig(
             **COMMON, head_dim=32, layer_types=["linear_attention", "full_attention"] * 2, linear_num_key_heads=1,
             linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
@@ -124,7 +131,7 @@ def build(name: str, arch: str, make_config):
                 elif pname.endswith(".bias"):
                     p.normal_(0.0, 0.5)
             elif "norm" in pname:
-                p.copy_((1 + 0.3 * torch.randn_like(p)) if name != "gemma3_text" else 0.3 * torch.randn_like(p))
+                p.copy_((1 + 0.3 * torch.randn_like(p)) if not name.startswith("gemma3") else 0.3 * torch.randn_like(p))
             elif pname.endswith(".bias"):
                 p.normal_(0.0, 0.5)
         model.lm_head.weight.mul_(LOGIT_SCALE if name not in BF16 else BF16_LOGIT_SCALE)

@@ -6,14 +6,16 @@ Runs in the project's main environment (``transformers`` 5.24), not in the vLLM 
 2. fits small maps (``--calib-tokens`` calibration tokens of the calibration novels, split ``--split``)
    or reuses ``--maps`` when that file exists,
 3. for evaluation-text prompts of the given lengths, runs ``ridgefill.prefill`` (mode ``ridge``, the
-   last ``--tail`` rows exact), without row selection and with the default one (``select="on"``: the rows
-   it chose are recorded), and ``generate_after`` (greedy),
+   last ``--tail`` rows exact), without row selection, with the default one (``select="on"``: the rows
+   it chose are recorded) and with ``select="auto"`` against a copy of the maps that records the one-pass
+   setting (``one_pass``: the rows ``ridgefill.select.ONE_PASS_SELECT`` chooses), and ``generate_after`` (greedy),
 4. builds ``--needle-trials`` single-needle prompts of ``--needle-length`` tokens (the cases of
    ``ridgefill eval needles``, needle in the filled rows, question in the last ``--needle-tail`` tokens),
 
 and writes a JSON file: ``model_dir``, ``maps``, ``split``, ``tail``, per prompt its token ids, the
 top-``k`` log-probabilities of the first generated token (float64 log-softmax of the last row's logits)
-and the greedy continuation (under ``select`` the same with selection, and the chosen rows), and per
+and the greedy continuation (under ``select`` and ``one_pass`` the same with selection, and the chosen rows),
+``maps_one_pass`` the maps copy recording ``"select": "one-pass"``, and per
 needle prompt its token ids and answer; ``prefix_sequence`` holds four requests sharing prefixes (the first
 prompt, its first 600 tokens then 200 others, its first 300, itself again) with their selection results. ``tests_vllm/conftest.py`` runs it once per pytest run.
 
@@ -35,6 +37,18 @@ from ridgefill.data.models import fetch_default_model, load_model
 from ridgefill.calibration import calibrate
 from ridgefill.evaluate.needles import case_depth, case_rng, haystack_sentences, make_case
 from ridgefill.fileio import atomic_write
+
+
+def _outcome(model, ids: torch.Tensor, maps, tail: int, select: str, args) -> dict:
+    """``ridgefill.prefill`` of ``ids`` (mode ``ridge``) with ``select``: the top-``args.top`` first-token
+    log-probabilities, ``args.gen_tokens`` greedy tokens, and with selection the chosen rows."""
+    res = prefill(model, ids, maps, tail=tail, select=select, mode="ridge")
+    top = torch.log_softmax(res.logits[0, -1].double(), -1).topk(args.top)
+    new = generate_after(model, ids, res, max_new_tokens=args.gen_tokens)
+    out = {"top_ids": top.indices.tolist(), "top_logprobs": top.values.tolist(), "greedy": new[0].tolist()}
+    if res.selected is not None:
+        out["selected"] = res.selected.tolist()
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,35 +77,27 @@ def main(argv: list[str] | None = None) -> None:
         maps = calibrate(model, tok, {k: texts[k] for k in CALIBRATION_BOOKS}, split=args.split,
                          tokens=args.calib_tokens, model_name=name, progress=False, context=args.context)
         maps.save(maps_path)
+    one_pass_path = maps_path.with_name(maps_path.stem + "-one-pass.safetensors")  # maps tuned to one-pass selection
+    tuned = load_maps(maps_path)
+    tuned.meta["select"] = "one-pass"
+    tuned.save(one_pass_path)
+    tuned = load_maps(one_pass_path)
     text = load_texts()[EVALUATION_BOOKS[0]]
     ids_all = tok(text[:200_000])["input_ids"]
     prompts, start = [], 5000
     for n in (int(x) for x in args.lengths.split(",")):
         ids = torch.tensor([ids_all[start:start + n]])
         start += n + 1000
-        res = prefill(model, ids, maps, tail=min(args.tail, n), select="off", mode="ridge")
-        logp = torch.log_softmax(res.logits[0, -1].double(), -1)
-        top = logp.topk(args.top)
-        new = generate_after(model, ids, res, max_new_tokens=args.gen_tokens)
-        entry = {"ids": ids[0].tolist(), "top_ids": top.indices.tolist(), "top_logprobs": top.values.tolist(),
-                 "greedy": new[0].tolist()}
-        sel = prefill(model, ids, maps, tail=min(args.tail, n), select="on", mode="ridge")  # the default selection
-        logp = torch.log_softmax(sel.logits[0, -1].double(), -1)
-        top = logp.topk(args.top)
-        new = generate_after(model, ids, sel, max_new_tokens=args.gen_tokens)
-        entry["select"] = {"top_ids": top.indices.tolist(), "top_logprobs": top.values.tolist(),
-                           "greedy": new[0].tolist(), "selected": sel.selected.tolist()}
+        tail = min(args.tail, n)
+        entry = {"ids": ids[0].tolist(), **_outcome(model, ids, maps, tail, "off", args)}
+        entry["select"] = _outcome(model, ids, maps, tail, "on", args)  # the default selection
+        entry["one_pass"] = _outcome(model, ids, tuned, tail, "auto", args)  # the maps' recorded one-pass setting
         prompts.append(entry)
     prefix_sequence = []  # requests sharing prefixes (tests_vllm/test_selection.py: prefix caching with selection)
     a, b = prompts[0]["ids"], prompts[1]["ids"]
     for ids in (a, a[:600] + b[1:201], a[:300], a):
         t = torch.tensor([ids])
-        sel = prefill(model, t, maps, tail=min(args.tail, len(ids)), select="on", mode="ridge")
-        logp = torch.log_softmax(sel.logits[0, -1].double(), -1)
-        top = logp.topk(args.top)
-        new = generate_after(model, t, sel, max_new_tokens=args.gen_tokens)
-        prefix_sequence.append({"ids": ids, "select": {"top_ids": top.indices.tolist(), "top_logprobs": top.values.tolist(),
-                                                       "greedy": new[0].tolist(), "selected": sel.selected.tolist()}})
+        prefix_sequence.append({"ids": ids, "select": _outcome(model, t, maps, min(args.tail, len(ids)), "on", args)})
     needles = []
     sentences = haystack_sentences({k: load_texts()[k] for k in EVALUATION_BOOKS})
     for trial in range(args.needle_trials):  # the reference's single-needle cases (ridgefill eval needles)
@@ -99,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
                          rng=case_rng(0, "single", args.needle_length, trial),
                          depth=case_depth("single", trial, args.needle_trials))
         needles.append({"ids": case.input_ids.tolist(), "answer": case.answer, "depth": case.depth})
-    out = {"model_dir": str(model_dir), "maps": str(maps_path.resolve()), "split": maps.split, "tail": args.tail,
+    out = {"model_dir": str(model_dir), "maps": str(maps_path.resolve()), "maps_one_pass": str(one_pass_path.resolve()),
+           "split": maps.split, "tail": args.tail,
            "dtype": "float32", "prompts": prompts, "prefix_sequence": prefix_sequence, "needles": needles, "needle_tail": args.needle_tail}
     text_out = json.dumps(out)
     atomic_write(args.out, lambda tmp: Path(tmp).write_text(text_out))

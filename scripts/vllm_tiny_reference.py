@@ -6,12 +6,14 @@ heads (3 K/V heads), which 2 ranks cannot split. So this script, in the project'
 1. builds a tiny random Llama from a ``transformers`` config (6 layers, hidden 128, 4 heads of 32, 2 K/V
    heads, MLP 256, tied embeddings; weights drawn with ``initializer_range`` 0.1 from seed 0) with the
    bundled model's tokenizer (vocabulary 49,152), saved as a Hugging Face folder vLLM loads;
-2. fits context maps at split ``--split`` on ``--calib-tokens`` tokens of the calibration novels;
+2. fits context maps at split ``--split`` on ``--calib-tokens`` tokens of the calibration novels (with the
+   model's induction scores, format version 2), and writes a copy without them (``maps_without_induction``: the
+   plugin then scores the heads itself, as for version 1 files);
 3. for evaluation-text prompts of the given lengths, runs ``ridgefill.prefill`` (the last ``--tail`` rows
    exact) in mode ``exact``, in mode ``ridge`` without row selection and with the default one
    (``select="on"``, the rows it chose recorded), each with ``generate_after`` (greedy).
 
-It writes a JSON file: ``model_dir``, ``maps``, ``split``, ``tail`` and per prompt its token ids and, for
+It writes a JSON file: ``model_dir``, ``maps``, ``maps_without_induction``, ``split``, ``tail`` and per prompt its token ids and, for
 ``exact``, ``fill`` and ``select``, the top-``k`` first-token log-probabilities (float64 log-softmax of the
 last row's logits) and the greedy continuation (``select`` also the chosen rows).
 
@@ -21,6 +23,7 @@ Usage: ``python scripts/vllm_tiny_reference.py --out ref.json --dir WORK_DIR [--
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -82,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
                      progress=False, context=1)
     maps_path = out_dir / f"tiny-maps-S{args.split}.safetensors"
     maps.save(maps_path)
+    bare_path = out_dir / f"tiny-maps-S{args.split}-without-induction.safetensors"
+    dataclasses.replace(maps, induction=None).save(bare_path)
     ids_all = tok(texts[EVALUATION_BOOKS[0]][:100_000])["input_ids"]
     prompts, start = [], 3000
     for n in (int(x) for x in args.lengths.split(",")):
@@ -95,7 +100,8 @@ def main(argv: list[str] | None = None) -> None:
             if key == "select":
                 entry[key]["selected"] = res.selected.tolist()
         prompts.append(entry)
-    out = {"model_dir": str(folder.resolve()), "maps": str(maps_path.resolve()), "split": maps.split,
+    out = {"model_dir": str(folder.resolve()), "maps": str(maps_path.resolve()),
+           "maps_without_induction": str(bare_path.resolve()), "split": maps.split,
            "tail": args.tail, "prompts": prompts}
     text = json.dumps(out)
     atomic_write(args.out, lambda tmp: Path(tmp).write_text(text))

@@ -553,3 +553,16 @@ def test_ngram_parse_and_spec():
     assert Selection((Select.parse("ngram"),)).by == "ngram"
     with pytest.raises(InputError, match="'attention', 'leverage', 'ngram' or 'predicted'"):
         Select(by="words")
+
+
+def test_auto_resolves_to_the_recorded_setting_else_on():
+    """``resolve_auto`` (``prefill``'s ``select``, the vLLM plugin's and ``export-vllm``'s): ``"auto"`` is the setting a
+    maps file records, else ``"on"``; any other setting stands as given; a recorded spec that does not parse is refused."""
+    from ridgefill.select import ONE_PASS_SELECT, TWO_PASS_SELECT, resolve_auto
+
+    assert resolve_auto("auto", None) == DEFAULT_SELECT and resolve_auto(" auto ", "one-pass") == ONE_PASS_SELECT
+    assert resolve_auto("auto", "off") is None and resolve_auto("auto", "prompt").by == "leverage"
+    assert resolve_auto("two-pass", "one-pass") == TWO_PASS_SELECT and resolve_auto("off", "on") is None
+    assert resolve_auto(Select(), "off") == Select() and resolve_auto(None, "on") is None
+    with pytest.raises(InputError, match="key=value"):
+        resolve_auto("auto", "sideways")

@@ -98,7 +98,7 @@ class References:
             return
         if not MAIN_PYTHON.exists():
             raise RuntimeError(f"the reference needs the project's main environment at {MAIN_PYTHON} (run `bash "
-                               ".ci/test` or `python3 -m venv .venv && .venv/bin/pip install -e .` first, or set "
+                               ".ci/test` or `python3 -m venv .venv && .venv/bin/pip install -e '.[full]'` first, or set "
                                "RIDGEFILL_MAIN_PYTHON)")
         argv = args(self.work_dir)
         env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))

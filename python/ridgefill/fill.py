@@ -50,8 +50,8 @@ from .adapters import adapter_for
 from .adapters.base import record_sliding_windows, trim_sliding_windows, write_rows
 from .errors import InputError, NonFiniteError
 from .maps import RidgeMaps, context_features, context_rows, predict_inputs
-from .select import (AttentionScores, Planner, Select, Selection, as_select, as_selection, check_leverage_stats,
-                     leverage_scores, read_scores, uses_leverage)
+from .select import (AttentionScores, Planner, Select, Selection, as_selection, check_leverage_stats,
+                     leverage_scores, read_scores, resolve_auto, uses_leverage)
 from .validate import check_choice, check_int, check_rows, prompt_digest
 
 __all__ = ["MODES", "PrefillResult", "RowPlan", "context_features", "exact_positions", "generate_after",
@@ -371,14 +371,9 @@ def _bind(result: PrefillResult, exact: np.ndarray, ids: np.ndarray) -> PrefillR
 def resolve_select(select, maps: RidgeMaps | None, recurrent: bool = False):
     """``select`` as :func:`prefill` reads it: ``"auto"`` is the setting recorded in ``maps`` (``ridgefill tune``
     writes it, :attr:`RidgeMaps.select`), else ``"on"`` (two-pass), or ``"one-pass"`` on a model with
-    recurrent-state layers (``recurrent``), where a recorded setting is used if it runs one pass; anything else
-    as :func:`~ridgefill.select.as_select`."""
-    if isinstance(select, str) and select.strip() == "auto":
-        recorded = as_select(maps.select) if maps is not None and maps.select is not None else None
-        if recorded is not None and (not recurrent or as_selection(recorded).passes == 1):
-            return recorded
-        return as_select("one-pass" if recurrent else "on")
-    return as_select(select)
+    recurrent-state layers (``recurrent``); anything else as :func:`~ridgefill.select.as_select`
+    (:func:`~ridgefill.select.resolve_auto`)."""
+    return resolve_auto(select, maps.select if maps is not None else None, recurrent)
 
 
 def _pad_id(model: torch.nn.Module) -> int | None:

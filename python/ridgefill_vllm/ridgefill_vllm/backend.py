@@ -5,7 +5,9 @@ vLLM builds attention metadata once per step for each group of layers sharing a 
 the late layers (given this backend) get their own metadata: queries restricted to the exact tokens
 (:func:`ridgefill_vllm.plan.subset_metadata`), with the row plan under the attribute
 ``ridgefill_plan`` (``None`` in steps without filled tokens, where the metadata is the full one).
-The attention kernels, the KV-cache layout and the cache writes are the platform backend's own.
+The attention kernels, the KV-cache layout and the cache writes are the platform backend's own. With several
+KV-cache groups (the hybrid KV-cache manager: one block table per group) each group's late layers get metadata
+and a row plan built from that group's block table and slots.
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ def fill_backend(underlying, tail: int, select: bool = False):
     base = underlying.get_builder_cls()
 
     class RidgeFillBuilder(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            # vLLM reuses one KV-cache group's metadata for the next group of the same spec when the builder can
+            # swap its block table (FlashAttention's ``update_block_table``): that copy would keep the first group's
+            # row plan and slots, and the full block table beside a subset of queries. Each group builds its own.
+            self.supports_update_block_table = False
+
         def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
             cm = common_attn_metadata
             computed, prompt = step_requests(cm.num_reqs)

@@ -19,13 +19,15 @@ tokens (:mod:`ridgefill_vllm.plan`):
    to the paged cache that holds the filled tokens' predicted K/V (of this and earlier chunks) and the
    exact tokens' own K/V.
 
-4. Row selection (``select``, ``on`` by default; :mod:`ridgefill_vllm.selection`): in the step that
-   schedules a request's last prompt token, the reference's selection chooses more exact rows (the lexical
-   part from the token ids; the attention parts from pass 1's attention over the paged cache), and the tail
-   and the chosen rows run the late layers again from their kept split states (pass 2). With tensor
-   parallelism the ranks exchange head and row scores so that all choose the same rows (:mod:`ridgefill_vllm.tp`).
+4. Row selection (``select``, ``auto`` by default: the maps' recorded setting, else ``on``;
+   :mod:`ridgefill_vllm.selection`): in the step that schedules a request's last prompt token, the reference's
+   selection chooses more exact rows on the host (the lexical part from the token ids; one-pass parts from the
+   tail's predicted queries over the predicted keys, before the late layers; the attention parts from pass 1's
+   attention over the paged cache), and the tail and the chosen rows run the late layers again from their kept split
+   states (pass 2; once, after the choice, without attention parts). With tensor parallelism the ranks exchange head
+   and row scores so that all choose the same rows (:mod:`ridgefill_vllm.tp`).
 
-5. Hybrid models (Qwen3-Next, :meth:`FillModel._forward_hybrid`): a late linear-attention layer runs its input
+5. Hybrid models (Qwen3-Next, :meth:`FillModel._late_layers`): a late linear-attention layer runs its input
    norm and mixer over every token of the step, on ``x̂_l`` for filled tokens and on the true input for exact
    tokens, so the filled tokens advance its conv and recurrent states and the exact tokens continue from them;
    its output, residual and MLP are computed for the exact tokens only.
@@ -37,18 +39,22 @@ run vLLM's plain forward. Without maps the model is vLLM's own.
 
 Settings (the ``ridgefill`` entry of the model config, e.g. through ``hf_overrides``): ``maps``, the
 path of a maps file from ``ridgefill calibrate``; ``tail``, exact tokens per prompt (default 256);
-``select``, row selection as a spec string (``"on"``, the default; ``"off"``: the plain fill).
+``select``, row selection as ``ridgefill.prefill`` takes it (``"auto"``, the default: the setting the maps record,
+else ``"on"``; ``"two-pass"``, ``"one-pass"``, ``"off"``: the plain fill; or a spec string).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import re
+import time
 from collections.abc import Iterable
 from itertools import islice
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -62,20 +68,22 @@ from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaModel
 from .adapters import FAMILIES, LLAMA, Family
 from .backend import fill_backend
 from .errors import InputError
-from .maps import SAMPLE_VALUES, FillMaps, load_fill_maps
-from .plan import install_runner_hook
+from .maps import SAMPLE_VALUES, FillMaps, load_fill_maps, resolve_maps_path
+from .plan import CarriedStates, carried_states, install_runner_hook, runs_metadata, slots_of
 from .prefix import DEFAULT_TAIL
-from .selection import (DEFAULT_SELECT, ChosenRows, ScoringModel, SplitStates, induction_scores, parse_select,
-                        read_keys, selecting_requests, slots_of, span_metadata, spans)
+from .selection import (DEFAULT_SELECT, ChosenRows, ScoringModel, SplitStates, induction_scores, is_auto,
+                        parse_select, read_keys, read_scores, selecting_requests, spans)
 from .tp import combine_layer, gather_heads, local_heads
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # under vLLM's logger: its handler, format and VLLM_LOGGING_LEVEL
 
 #: Environment variable naming a file to which each step with filled tokens appends one JSON line
 #: (``{"query_lens": [...], "filled": F, "exact": E, "num_filled": [...], "num_computed": [...], "carried": C,
 #: "written": [...]}``): how vLLM batched the requests, where each request's scheduled tokens start, how many
 #: chunks read a carried split state, and how many filled tokens each late layer wrote (fewer in sliding-window
-#: layers) (tests, debugging).
+#: layers); a step in which requests select adds a line ``{"selected": {request id: rows}, "reused": [request ids],
+#: "passes": P}``: the rows each chose beyond its tail, the requests recomputed with the rows chosen before, and the
+#: passes of the late layers (tests, debugging).
 STEP_LOG_ENV = "RIDGEFILL_VLLM_STEP_LOG"
 
 
@@ -92,13 +100,14 @@ def fill_settings(hf_config) -> tuple[str, int, str] | None:
     if not isinstance(cfg, dict) or set(cfg) - {"maps", "tail", "select"}:
         raise InputError(f"the model config's 'ridgefill' entry must be a dict with keys 'maps' (a maps file from "
                          f"`ridgefill calibrate`), 'tail' (exact tokens per prompt) and 'select' (row selection, "
-                         f"'on' or 'off'); got {cfg!r}")
+                         f"'auto', 'on', 'two-pass', 'one-pass' or 'off'); got {cfg!r}")
     tail = cfg.get("tail", DEFAULT_TAIL)
     if not isinstance(tail, int) or isinstance(tail, bool) or tail < 1:
         raise InputError(f"ridgefill tail={tail!r} must be an integer ≥ 1 (exact tokens at the end of each prompt)")
     select = cfg.get("select", DEFAULT_SELECT)
     if not isinstance(select, str):
-        raise InputError(f"ridgefill select={select!r} must be a string: 'on' (the default), 'off', or a spec")
+        raise InputError(f"ridgefill select={select!r} must be a string: 'auto' (the default), 'on', 'two-pass', "
+                         "'one-pass', 'off', or a spec")
     if cfg.get("maps") is None:
         return None
     return str(cfg["maps"]), tail, select
@@ -108,16 +117,43 @@ def check_engine(vllm_config: VllmConfig, family: Family = LLAMA) -> None:
     """Refuse engine settings the fill cannot serve, naming the setting to change.
 
     Raises:
-        InputError: chunked prefill with the model runner V2, speculative decoding, pipeline or
-            decode-context parallelism, quantized weights, sliding-window layers in a family whose windows are
+        InputError: chunked prefill or prefix caching with the model runner V2, LoRA, full CUDA graphs for
+            steps that prefill (``cudagraph_mode`` ``FULL``), data parallelism with expert parallelism, a KV
+            connector, speculative decoding, pipeline or decode-context parallelism, quantized weights, sliding-window layers in a family whose windows are
             not served, or what ``family`` refuses of this model (:meth:`ridgefill_vllm.adapters.Family.check`).
     """
     sched, par = vllm_config.scheduler_config, vllm_config.parallel_config
     problems = []
-    if sched.enable_chunked_prefill and getattr(vllm_config, "use_v2_model_runner", False):
-        problems.append("chunked prefill is on with vLLM's model runner V2, whose prompt lengths the plugin does not "
-                        "read yet: set VLLM_USE_V2_MODEL_RUNNER=0, or pass enable_chunked_prefill=False "
-                        "(`--no-enable-chunked-prefill`) and max_num_batched_tokens ≥ max_model_len")
+    if getattr(vllm_config, "use_v2_model_runner", False):
+        if sched.enable_chunked_prefill:
+            problems.append("chunked prefill is on with vLLM's model runner V2, whose prompt lengths the plugin does "
+                            "not read yet: set VLLM_USE_V2_MODEL_RUNNER=0, or pass enable_chunked_prefill=False "
+                            "(`--no-enable-chunked-prefill`) and max_num_batched_tokens ≥ max_model_len")
+        if vllm_config.cache_config.enable_prefix_caching:
+            problems.append("prefix caching is on with vLLM's model runner V2, whose computed-token counts the plugin "
+                            "does not read yet (a prefix-cache hit starts a prompt past position 0): set "
+                            "VLLM_USE_V2_MODEL_RUNNER=0, or pass enable_prefix_caching=False "
+                            "(`--no-enable-prefix-caching`)")
+    if getattr(vllm_config, "lora_config", None) is not None:
+        problems.append("LoRA adapters are enabled (enable_lora): the late layers run on subsets of the step's rows "
+                        "and on pseudo-requests, which vLLM's LoRA batching would map to other requests' adapters, and "
+                        "the filled K/V use the base weights: serve without enable_lora (`--enable-lora`), or without "
+                        "the ridgefill maps")
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    if mode is not None and hasattr(mode, "mixed_mode") and mode.mixed_mode().name == "FULL":
+        problems.append(f"cudagraph_mode is {mode.name}, which replays full CUDA graphs for steps that prefill, "
+                        "captured without a row plan: pass compilation_config={'cudagraph_mode': 'FULL_AND_PIECEWISE'} "
+                        "(or 'FULL_DECODE_ONLY'), or enforce_eager=True (`--enforce-eager`)")
+    if getattr(par, "data_parallel_size", 1) > 1 and getattr(par, "enable_expert_parallel", False):
+        problems.append(f"data parallelism ({par.data_parallel_size} ranks) with expert parallelism: the MoE layers' "
+                        "collectives need every rank to run each layer the same number of times, and a step with "
+                        "filled tokens runs the late layers for its exact rows only (and again for row selection): "
+                        "pass enable_expert_parallel=False, or data_parallel_size=1")
+    kv_transfer = getattr(vllm_config, "kv_transfer_config", None)
+    if kv_transfer is not None and getattr(kv_transfer, "kv_connector", None):
+        problems.append(f"the KV connector {kv_transfer.kv_connector} is configured (kv_transfer_config, or "
+                        "kv_offloading_size): KV blocks it loads or saves carry no split states, and its prefix hashes "
+                        "do not carry the fill's block key: remove kv_transfer_config and kv_offloading_size")
     if vllm_config.speculative_config is not None:
         problems.append("speculative decoding is configured: remove speculative_config")
     if par.pipeline_parallel_size > 1:
@@ -137,6 +173,39 @@ def check_engine(vllm_config: VllmConfig, family: Family = LLAMA) -> None:
         raise InputError("RidgeFill cannot serve with these engine settings: " + "; ".join(problems))
 
 
+def served_selection(selection, family: Family, vllm_config: VllmConfig):
+    """``selection`` (a ``ridgefill.select.Selection``, or ``None``: the plain fill) when ``family`` serves it for this
+    model.
+
+    Raises:
+        InputError: row selection the family refuses for this model
+            (:meth:`~ridgefill_vllm.adapters.Family.check_selection`).
+    """
+    refused = family.check_selection(vllm_config) if selection is not None else []
+    if refused:
+        raise InputError(f"RidgeFill cannot serve row selection for this {family.name} model: " + "; ".join(refused))
+    return selection
+
+
+#: Attention backends whose paged key layout row selection's key reader knows (:func:`~.selection.read_keys`).
+SELECTION_BACKENDS = ("CPU_ATTN", "FLASH_ATTN")
+
+
+def check_selection_cache(backend: str, cache_dtype: str) -> list[str]:
+    """What of the KV cache row selection cannot read (empty: all of it), each naming the setting to change: a
+    backend whose key layout the key reader does not know (:data:`SELECTION_BACKENDS`), an fp8 KV cache (its keys would
+    be read without their scale)."""
+    out = []
+    if backend not in SELECTION_BACKENDS:
+        out.append(f"the attention backend {backend} stores keys in a layout row selection's key reader does not read "
+                   f"(it reads {', '.join(SELECTION_BACKENDS)}): pass attention_backend='FLASH_ATTN' "
+                   "(`--attention-backend FLASH_ATTN`), or set 'select': 'off' in the ridgefill config")
+    if str(cache_dtype).startswith("fp8"):
+        out.append(f"the KV cache is {cache_dtype}, whose keys row selection would read without their scale: pass "
+                   "kv_cache_dtype='auto' (`--kv-cache-dtype auto`), or set 'select': 'off' in the ridgefill config")
+    return out
+
+
 class FillModel:
     """The fill prefill of the late layers (module docstring), mixed into a vLLM model body (``LlamaModel``,
     ``Qwen2Model``, ``Qwen3Model``, ``Qwen3MoeModel``, ``MistralModel``, ``Gemma3Model``, ``Qwen3NextModel``:
@@ -152,7 +221,8 @@ class FillModel:
         Raises:
             InputError: bad settings, engine settings the fill cannot serve (:func:`check_engine`), a model
                 the family cannot fill (:meth:`ridgefill_vllm.adapters.Family.check`), row selection the family
-                refuses for this model (:meth:`~ridgefill_vllm.adapters.Family.check_selection`).
+                refuses for this model (:meth:`~ridgefill_vllm.adapters.Family.check_selection`), row selection on a KV
+                cache its key reader cannot read (:func:`check_selection_cache`).
             MapsMismatchError, MapsFormatError: maps of another model, or a bad maps file.
         """
         self.family = family
@@ -163,30 +233,34 @@ class FillModel:
         if settings is None:
             return
         check_engine(vllm_config, family)
-        self.selection = parse_select(settings[2])  # before the maps load: a bad setting fails fast
-        refused = family.check_selection(vllm_config) if self.selection is not None else []
-        if refused:
-            raise InputError(f"RidgeFill cannot serve row selection for this {family.name} model: "
-                             + "; ".join(refused))
+        setting = settings[2]
+        if not is_auto(setting):  # before the maps load: a bad setting fails fast ("auto" reads the maps)
+            self.selection = served_selection(parse_select(setting), family, vllm_config)
         install_runner_hook()  # each step records its prompt lengths for the row plan (ridgefill_vllm.plan)
-        maps = load_fill_maps(settings[0])
-        maps.check_shape(self.config.num_hidden_layers, self.config.hidden_size)
+        maps_path = resolve_maps_path(settings[0], getattr(vllm_config.model_config, "model", None))
+        maps = load_fill_maps(maps_path)
+        maps.check_shape(self.config.num_hidden_layers, self.config.hidden_size, self.config.num_attention_heads)
+        if is_auto(setting):
+            self.selection = served_selection(parse_select(setting, maps.select), family, vllm_config)
         self.fill_maps = maps
         self.split = maps.split
-        logger.info("RidgeFill: maps %s (split S=%d, %s maps), tail %d, row selection %s", settings[0], maps.split,
-                    "context" if maps.context else "plain", self.tail, self.selection or "off")
+        logger.info("RidgeFill: maps %s (split S=%d, %s maps), tail %d, row selection %s%s", maps_path, maps.split,
+                    "context" if maps.context else "plain", self.tail, self.selection or "off",
+                    f" (select 'auto': the maps' setting {maps.select!r})" if is_auto(setting) and maps.select
+                    else " (select 'auto': 'on')" if is_auto(setting) else "")
         dtype, device = vllm_config.model_config.dtype, vllm_config.device_config.device
         # plain attributes, not parameters: the checkpoint loader must not look for them
         self._w = maps.weights.to(device=device, dtype=dtype)
         self._b = maps.biases.to(device=device, dtype=dtype)
         self._kv: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # late layers' K/V weights, set at load
-        # context maps: h_S of tokens a later step reads (a chunk's last token, a filled block's last token),
-        # by KV-cache slot (FillPlan.carry_out / carry_in); at most one d-vector per slot
-        self._carry: dict[int, torch.Tensor] = {}
+        # context maps, plain fill: h_S of tokens a later step reads (a chunk's last token, a filled block's last
+        # token), one d-vector per KV block (FillPlan.carry_out / carry_in); with row selection, self._states
+        self._carry = CarriedStates()
         self._q: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # late layers' Q rows (selection)
         self._states = SplitStates()  # h_S by KV slot (selection reruns rows of earlier chunks)
         self._chosen = ChosenRows()  # each request's exact rows, reused when a preempted request is recomputed
         self._scoring: ScoringModel | None = None
+        self._induction: torch.Tensor | None = None  # [L, H] induction scores of every head (selection's kept heads)
         self.late = list(range(self.split + 1, self.config.num_hidden_layers))
         # the late layers with attention (all of them but a hybrid model's linear-attention layers)
         self.late_attn = [i for i in self.late if not family.is_recurrent(self.layers[i])]
@@ -198,6 +272,10 @@ class FillModel:
         self._windows = [getattr(family.attention(self.layers[i]).attn, "sliding_window", None) for i in self.late_attn]
         for i in self.late_attn:
             attn = family.attention(self.layers[i]).attn
+            refused = check_selection_cache(attn.attn_backend.get_name(), vllm_config.cache_config.cache_dtype) \
+                if self.selection is not None else []
+            if refused:
+                raise InputError("RidgeFill cannot serve row selection with these engine settings: " + "; ".join(refused))
             if attn.attn_backend.forward_includes_kv_cache_update:
                 raise InputError(f"the attention backend {attn.attn_backend.get_name()} writes the KV cache inside "
                                  "its forward; RidgeFill needs a backend with a separate cache write (vLLM's CPU, "
@@ -226,13 +304,12 @@ class FillModel:
             w = w[q_rows:].detach().clone()  # [2·kv_size (this rank), d]
             self._kv.append((w, None if bias is None else bias[q_rows:].detach().clone()))
 
-    def _write_filled(self, j: int, h: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                      m: int | None = None) -> None:
-        """Late attention layer ``self.late_attn[j]``: K/V of the filled tokens from ``x̂ = h W + b`` (the maps of
-        late layer ``m``, default ``j``: the same layer in a model without linear-attention layers) into the paged
-        cache (``h`` ``[F, f]``: the filled tokens' ``h_S``, beside the previous token's for context maps)."""
-        if h.shape[0] == 0:
-            return
+    def _filled_kv(self, j: int, h: torch.Tensor, positions: torch.Tensor,
+                   m: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Late attention layer ``self.late_attn[j]``: the predicted keys (after RoPE) and values ``[F, kv_size]`` of
+        tokens at ``positions`` from ``x̂ = h W + b`` (the maps of late layer ``m``, default ``j``: the same layer in a
+        model without linear-attention layers; ``h`` ``[F, f]``: the tokens' ``h_S``, beside the previous token's for
+        context maps), through the layer's input norm, K/V projection, key norm and RoPE."""
         layer = self.layers[self.late_attn[j]]
         family = self.family
         attn = family.attention(layer)
@@ -242,9 +319,38 @@ class FillModel:
         k, v = F.linear(family.input_norm(layer)(x_hat), w, bias).split([attn.kv_size, attn.kv_size], dim=-1)
         k = family.keys(attn, k)  # per-head k-norm before RoPE where the family has one (Qwen3, Gemma 3)
         k, _ = family.rope(attn)(positions, k.contiguous(), None)  # RoPE on the keys (passed as the query)
-        a = attn.attn
+        return k, v
+
+    def _write_filled(self, j: int, h: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      m: int | None = None) -> None:
+        """Late attention layer ``self.late_attn[j]``: K/V of the filled tokens (:meth:`_filled_kv`) into the paged
+        cache at ``slots``."""
+        if h.shape[0] == 0:
+            return
+        k, v = self._filled_kv(j, h, positions, m)
+        a = self.family.attention(self.layers[self.late_attn[j]]).attn
         a.impl.do_kv_cache_update(a, k.view(-1, a.num_kv_heads, a.head_size), v.reshape(-1, a.num_kv_heads,
                                   a.head_size_v), a.kv_cache, slots)
+
+    def _allocate_states(self, plan, like: torch.Tensor) -> None:
+        """Allocate, at the first step with filled tokens, what the fill keeps for the whole KV pool (its size:
+        :func:`ridgefill_vllm.memory.fill_bytes_per_block`, reserved when vLLM sized the pool): with row selection
+        every token's ``h_S`` (one ``d``-vector per KV slot, :class:`~ridgefill_vllm.selection.SplitStates`), for the
+        plain fill with context maps the carried states (one per KV block, :class:`~ridgefill_vllm.plan.CarriedStates`).
+        """
+        if self._states.h is not None or self._carry.h is not None:
+            return
+        a = self.family.attention(self.layers[self.late_attn[0]]).attn
+        slots = a.kv_cache.numel() // (2 * a.num_kv_heads * a.head_size)
+        if self.selection is not None:
+            self._states.allocate(slots, like)
+        elif self.fill_maps.context:
+            self._carry.allocate(slots // plan.block_size, plan.block_size, like)
+
+    def fill_state_bytes(self) -> int:
+        """Bytes of what the fill keeps for the KV pool (:meth:`_allocate_states`; 0 before the first fill step)."""
+        return sum(t.numel() * t.element_size() for t in (self._states.h, self._carry.h, self._carry.slot)
+                   if t is not None)
 
     def _plan(self):
         if self.fill_maps is None:
@@ -298,72 +404,48 @@ class FillModel:
                 f.write(json.dumps({"query_lens": plan.query_lens.tolist(), "filled": plan.filled.numel(),
                                     "exact": plan.exact.numel(), "num_filled": plan.num_filled.tolist(),
                                     "num_computed": plan.num_computed.tolist(),
-                                    "carried": len(plan.carry_in), "written": written}) + "\n")
+                                    "carried": plan.carry_in.numel(), "written": written}) + "\n")
         h = hidden + residual if residual is not None else hidden  # h_S, the input of layer S+1: [tokens, d]
         ctx = get_forward_context()
+        self._allocate_states(plan, h)
         if self.selection is not None:  # every scheduled token's h_S, by slot: selection may rerun its row later
-            n = plan.num_tokens
-            a = self.family.attention(self.layers[self.late[0]]).attn
-            self._states.write(ctx.slot_mapping[self.late_names[0]][:n], h[:n],
-                               a.kv_cache.numel() // (2 * a.num_kv_heads * a.head_size))
+            self._states.write(ctx.slot_mapping[self.late_names[0]][:plan.num_tokens], h[:plan.num_tokens])
         h_f, pos_f = h[plan.filled], positions[plan.filled]
         if self.fill_maps.context:  # context maps read the previous token's h_S too (zeros before a request's first)
             prev = plan.filled_prev
             h_prev = h[prev.clamp_min(0)] * (prev >= 0)[:, None].to(h.dtype)
-            for i, slot in plan.carry_in:  # the previous token was computed in an earlier step
-                # a block's last token stays for later prefix-cache hits; a chunk's last token is read once
-                block_end = (slot + 1) % plan.block_size == 0
-                carried = self._carry.get(slot) if block_end else self._carry.pop(slot, None)
-                if carried is None:
-                    raise RuntimeError(f"RidgeFill: the split state of the token at KV slot {slot}, before the first "
-                                       "filled token of this step, was not kept; this is a bug of the plugin")
-                h_prev[i] = carried
-            for t, slot in plan.carry_out:
-                self._carry[slot] = h[t].detach().clone()
+            if plan.carry_in.numel():  # the previous token was computed in an earlier step (or by another request)
+                if self.selection is not None:  # every token's h_S is kept, this step's written above
+                    h_prev[plan.carry_in] = self._states.read(plan.carry_in_slots)
+                else:
+                    h_prev[plan.carry_in] = carried_states(plan, h, self._carry.read)
+            if self.selection is None and plan.carry_out.numel():
+                self._carry.write(plan.carry_out_slots, h[plan.carry_out])
             h_f = torch.cat([h_f, h_prev], -1)
         plans = self._layer_plans(plan)
-        if self.family.recurrent:
-            return self._forward_hybrid(plan, positions, h, h_f, pos_f, plans)
         selecting = selecting_requests(plan, self.tail) if self.selection is not None else []
         if selecting:
             for j in range(len(self.late)):
                 self._write_filled(j, h_f, pos_f, plans[j].filled_slots)
-            return self._forward_selecting(plan, positions, h, selecting)
-        x, pos_e, residual = h[plan.exact], positions[plan.exact], None
-        slots = ctx.slot_mapping
-        saved = {name: slots.get(name) for name in self.late_names}
-        try:
-            for name, p in zip(self.late_names, plans):  # the exact tokens' own K/V go to their slots
-                slots[name] = p.exact_slots
-            has_exact = plan.exact.numel() > 0  # a chunk of filled tokens only runs no late layer in full
-            for j, i in enumerate(self.late):
-                keep = seen(self._windows[j])
-                if keep is None:
-                    self._write_filled(j, h_f, pos_f, plans[j].filled_slots)
-                else:
-                    self._write_filled(j, h_f[keep], pos_f[keep], plans[j].filled_slots[keep])
-                if has_exact:
-                    x, residual = self.layers[i](pos_e, x, residual)
-        finally:
-            _restore(slots, saved)
-        out = h.new_zeros((positions.shape[0], h.shape[-1]))
-        if has_exact:
-            x, _ = self.norm(x, residual)
-            out[plan.exact] = x
+            out, chosen, seconds = self._forward_selecting(plan, positions, h, selecting)
+        else:
+            out, chosen, seconds = self._late_layers(plan, positions, h, h_f, pos_f, plans, seen), {}, None
+        self._log_prompts_done(plan, chosen, seconds)
         return out
 
-    def _forward_hybrid(self, plan, positions: torch.Tensor, h: torch.Tensor, h_f: torch.Tensor,
-                        pos_f: torch.Tensor, plans: list) -> torch.Tensor:
-        """The late layers of a hybrid model (linear-attention and full-attention layers) in a step with filled
-        tokens. Full-attention layers: as in a dense model (the filled tokens' K/V from ``x̂_l``; the exact tokens
-        run the layer with attention metadata for their queries). Linear-attention layer ``l``
-        (:meth:`_recurrent_layer`): the layer's input norm and Gated DeltaNet mixer run over every token of the
-        step, in the step's order, on ``x̂_l`` for filled tokens and on the exact tokens' own layer input, with
-        vLLM's own metadata for the layer (its recurrence is causal per request: the exact tokens continue from
-        the conv and recurrent states the filled tokens advanced, and a later chunk from those of earlier chunks,
-        kept in vLLM's state cache); the mixer's output, residual, post-attention norm and MLP are computed for
-        the exact tokens only. ``h`` ``[tokens, d]`` is ``h_S``, ``h_f`` ``[F, f]`` the filled tokens' map
-        features. Returns the step's output hidden states (filled rows zero)."""
+    def _late_layers(self, plan, positions: torch.Tensor, h: torch.Tensor, h_f: torch.Tensor, pos_f: torch.Tensor,
+                     plans: list, seen) -> torch.Tensor:
+        """The late layers of a step with filled tokens (no request selecting in it). Attention layers: the filled
+        tokens' K/V from ``x̂_l`` (in a sliding-window layer only the rows an exact row sees, ``seen``), then the exact
+        tokens run the layer with attention metadata for their queries. A hybrid model's linear-attention layer ``l``
+        (:meth:`_recurrent_layer`): the layer's input norm and Gated DeltaNet mixer run over every token of the step,
+        in the step's order, on ``x̂_l`` for filled tokens and on the exact tokens' own layer input, with vLLM's own
+        metadata for the layer (its recurrence is causal per request: the exact tokens continue from the conv and
+        recurrent states the filled tokens advanced, and a later chunk from those of earlier chunks, kept in vLLM's
+        state cache); the mixer's output, residual, post-attention norm and MLP are computed for the exact tokens
+        only. ``h`` ``[tokens, d]`` is ``h_S``, ``h_f`` ``[F, f]`` the filled tokens' map features, ``plans`` each
+        late attention layer's row plan (:meth:`_layer_plans`). Returns the step's output hidden states (filled rows
+        zero); a chunk of filled tokens only runs no late layer in full."""
         x, pos_e, residual = h[plan.exact], positions[plan.exact], None
         has_exact = plan.exact.numel() > 0
         slots = get_forward_context().slot_mapping
@@ -372,12 +454,16 @@ class FillModel:
             for name, p in zip(self.late_names, plans):  # the exact tokens' own K/V go to their slots
                 slots[name] = p.exact_slots
             j = 0  # index among the late attention layers
-            for m, i in enumerate(self.late):
+            for m, i in enumerate(self.late):  # m: index among the late layers (the maps')
                 layer = self.layers[i]
                 if self.family.is_recurrent(layer):
                     x, residual = self._recurrent_layer(m, layer, plan, positions, h_f, x, pos_e, residual)
                     continue
-                self._write_filled(j, h_f, pos_f, plans[j].filled_slots, m)
+                keep = seen(self._windows[j])
+                if keep is None:
+                    self._write_filled(j, h_f, pos_f, plans[j].filled_slots, m)
+                else:
+                    self._write_filled(j, h_f[keep], pos_f[keep], plans[j].filled_slots[keep], m)
                 j += 1
                 if has_exact:
                     x, residual = self.family.call(layer, pos_e, x, residual)
@@ -389,9 +475,24 @@ class FillModel:
             out[plan.exact] = x
         return out
 
+    def _log_prompts_done(self, plan, chosen: dict[int, int], seconds: float | None) -> None:
+        """One line in vLLM's log (INFO) per request whose last prompt token this step schedules and whose prompt
+        has filled rows: its prompt length, filled and exact rows (the tail and the rows selection chose, ``chosen``
+        by request row), and the time of the step's selection (``seconds``: the lexical part, both passes and the
+        scoring of every request selecting in the step; ``None`` without selection)."""
+        if plan.req_ids is None or plan.num_prompt is None or not logger.isEnabledFor(logging.INFO):
+            return
+        computed, q, prompt = plan.num_computed.tolist(), plan.query_lens.tolist(), plan.num_prompt.tolist()
+        for r in range(len(q)):
+            if computed[r] < prompt[r] <= computed[r] + q[r] and prompt[r] > self.tail:
+                k = chosen.get(r, 0)
+                logger.info("RidgeFill: request %s: prompt %d tokens, %d filled rows, %d exact rows (tail %d, chosen "
+                            "%d)%s", plan.req_ids[r], prompt[r], prompt[r] - self.tail - k, self.tail + k, self.tail, k,
+                            "" if seconds is None else f", selection {1000 * seconds:.1f} ms")
+
     def _recurrent_layer(self, m: int, layer, plan, positions: torch.Tensor, h_f: torch.Tensor, x: torch.Tensor,
                          pos_e: torch.Tensor, residual: torch.Tensor | None):
-        """Late linear-attention layer ``self.late[m]`` (:meth:`_forward_hybrid`): advances its states over the
+        """Late linear-attention layer ``self.late[m]`` (:meth:`_late_layers`): advances its states over the
         step's tokens (filled: ``x̂ = h_f W + b``; exact: ``x + residual``, ``[E, d]``) and returns the exact
         tokens' ``(hidden, residual)`` after the layer, computed by vLLM's own decoder layer whose mixer call
         returns the mixer's exact rows."""
@@ -425,67 +526,147 @@ class FillModel:
         finally:
             del la.forward
 
-    def _forward_selecting(self, plan, positions: torch.Tensor, h: torch.Tensor, selecting) -> torch.Tensor:
+    def _scoring_model(self, device) -> tuple[ScoringModel, torch.Tensor | None]:
+        """What the attention and one-pass parts score with, made at the first step that selects: the
+        :class:`~ridgefill_vllm.selection.ScoringModel` and the induction scores ``[L, H]`` of every head (the maps'
+        when they hold them, else scored from the served weights once and gathered over the tensor-parallel ranks;
+        ``None`` when no part keeps heads by them)."""
+        if self._scoring is None:
+            self._scoring = ScoringModel(self, self._q)
+            by_induction = any(p.heads == "induction" for p in self.selection.parts if p.by in ("attention", "predicted"))
+            if by_induction:
+                ind = self.fill_maps.induction
+                self._induction = ind if ind is not None else gather_heads(induction_scores(self), device)
+        return self._scoring, self._induction
+
+    def _forward_selecting(self, plan, positions: torch.Tensor, h: torch.Tensor, selecting):
         """The late layers of a step in which requests select (:mod:`ridgefill_vllm.selection`): the filled
-        tokens' K/V are written; each selecting request runs the lexical part, pass 1 with the attention
-        parts' scoring, and, where they add rows, pass 2 (as ``ridgefill.prefill``); the step's other
-        requests run their exact tokens in pass 1. Returns the step's output hidden states."""
+        tokens' K/V are written; each selecting request runs the parts chosen up front (the lexical part; one-pass
+        parts, :meth:`_predicted_scores`), pass 1 with the attention parts' scoring and, where they add rows, pass 2
+        (as ``ridgefill.prefill``); the step's other requests run their exact tokens in pass 1. The row plan is
+        host NumPy: the device is read once for the step's one-pass scores and once per round of attention scores,
+        for all selecting requests together. Returns the step's output hidden states, the rows each selecting request
+        made exact beyond its tail (by request row) and the selection's wall time in seconds."""
         from ridgefill.select import Planner
 
+        started = time.perf_counter()
         device = h.device
-        if self._scoring is None:
-            self._scoring = ScoringModel(self, self._q, gather_heads(induction_scores(self), device))  # every rank's heads
+        scoring, induction = self._scoring_model(device)
         q_lens, n_filled, computed = plan.query_lens.tolist(), plan.num_filled.tolist(), plan.num_computed.tolist()
-        exact: dict[int, torch.Tensor] = {}  # request row -> sorted positions that run the late layers
+        exact: dict[int, np.ndarray] = {}  # request row -> sorted host positions that run the late layers
         for r in range(len(q_lens)):
             if q_lens[r] > n_filled[r]:
-                exact[r] = torch.arange(computed[r] + n_filled[r], computed[r] + q_lens[r], device=device)
+                exact[r] = np.arange(computed[r] + n_filled[r], computed[r] + q_lens[r])
         planners, prompt = {}, {}
         for s in selecting:
             prompt[s.req] = s.prompt
-            tail_rows = torch.arange(s.prompt - self.tail, s.prompt, device=device)
             chosen = self._chosen.get(s.req_id, s.prompt)
             if chosen is not None:  # a recomputed request (preemption) runs the rows it chose before
-                exact[s.req] = chosen.to(device)
+                exact[s.req] = chosen
                 continue
-            planners[s.req] = Planner(self.selection, s.prompt, device)
-            exact[s.req] = planners[s.req].up_front(s.token_ids[None].to(device), None, None, self.tail, tail_rows)
+            planners[s.req] = Planner(self.selection, s.prompt)
+            exact[s.req] = np.arange(s.prompt - self.tail, s.prompt)
         for s in selecting:  # sliding-window layers: a chosen row sees filled rows the tail does not
             self._write_windowed(plan, s)
+        up_front = read_scores(self._predicted_scores(plan, planners, exact, prompt, scoring, induction))  # one read
+        for s in selecting:
+            if s.req in planners:
+                pl = planners[s.req]
+                exact[s.req] = pl.up_front(s.token_ids[None], self.tail, exact[s.req],
+                                           {i: up_front[(s.req, i)] for i in pl.device_parts()})
         rounds = self.selection.rounds
-        ran: dict[int, torch.Tensor] = {}
+        ran: dict[int, np.ndarray] = {}
         scorers: dict[int, dict] = {}
         outputs: dict[int, torch.Tensor] = {}
+        passes = 0  # passes of the late layers
         for rnd in range(rounds + 1):
-            run = [r for r in sorted(exact) if r not in ran or (r in planners and not torch.equal(ran[r], exact[r]))]
+            run = [r for r in sorted(exact) if r not in ran or (r in planners and not np.array_equal(ran[r], exact[r]))]
             if run:
+                passes += 1
                 for r in run:
                     if r in planners:
-                        scorers[r] = planners[r].scorers(self._scoring, rnd)
-                        local_heads(scorers[r].values())  # tensor parallel: this rank's heads of those kept
+                        scorers[r] = planners[r].scorers(scoring, rnd, induction)
                 out = self._late_run(plan, {r: exact[r] for r in run}, prompt,
-                                     {r: list(scorers[r].values()) for r in run if r in planners and scorers[r]})
+                                     {r: _scored(scorers[r].values()) for r in run if r in planners and scorers[r]})
                 for r in run:
                     ran[r], outputs[r] = exact[r], out[r]
-            if rnd < rounds:
+            if rnd < rounds:  # every selecting request's scores of this round, read at once
+                got = read_scores({(r, i): sc.scores for r in planners for i, sc in scorers[r].items()})
                 for r, planner in planners.items():
-                    exact[r] = planner.after_pass(rnd, scorers[r], exact[r])
+                    exact[r] = planner.after_pass(rnd, {i: got[(r, i)] for i in scorers[r]}, exact[r])
         for s in selecting:
             if s.req in planners:
                 self._chosen.put(s.req_id, s.prompt, ran[s.req])
+        # a preempted request recomputed after it generated tokens schedules them beside its last prompt chunk:
+        # they run the late layers after selection, attending to the cache it left (as a decoding step would)
+        generated = {s.req: np.arange(s.prompt, computed[s.req] + q_lens[s.req])
+                     for s in selecting if computed[s.req] + q_lens[s.req] > s.prompt}
+        if generated:
+            out = self._late_run(plan, generated, prompt, {})
+            for r, pos in generated.items():
+                ran[r], outputs[r] = np.concatenate([ran[r], pos]), torch.cat([outputs[r], out[r]])
         if os.environ.get(STEP_LOG_ENV):
             with open(os.environ[STEP_LOG_ENV], "a") as f:
                 f.write(json.dumps({"selected": {s.req_id: ran[s.req][ran[s.req] < s.prompt - self.tail].tolist()
                                                  for s in selecting},
-                                    "reused": [s.req_id for s in selecting if s.req not in planners]}) + "\n")
+                                    "reused": [s.req_id for s in selecting if s.req not in planners],
+                                    "passes": passes}) + "\n")
+        # each request's exact tokens of the step (the last q - num_filled it schedules) take their rows' outputs
+        starts = np.concatenate([[0], np.cumsum(q_lens)])
+        dst, src, base = [], [], 0
+        for r in sorted(ran):
+            pos = np.arange(computed[r] + n_filled[r], computed[r] + q_lens[r])
+            dst.append(starts[r] + n_filled[r] + np.arange(pos.size))
+            src.append(base + np.searchsorted(ran[r], pos))
+            base += ran[r].size
         out = h.new_zeros((positions.shape[0], h.shape[-1]))
-        req = torch.repeat_interleave(torch.arange(len(q_lens)), plan.query_lens)
-        ex = plan.exact.cpu()
-        for r in range(len(q_lens)):
-            tokens = ex[req[ex] == r]
-            if tokens.numel():
-                rows = torch.searchsorted(ran[r], positions[tokens.to(device)])
-                out[tokens.to(device)] = outputs[r][rows]
+        if dst:
+            rows = torch.cat([outputs[r] for r in sorted(ran)])
+            out[_on(device, np.concatenate(dst))] = rows[_on(device, np.concatenate(src))]
+        chosen = {s.req: int((ran[s.req] < s.prompt - self.tail).sum()) for s in selecting}
+        return out, chosen, time.perf_counter() - started
+
+    def _predicted_scores(self, plan, planners: dict, exact: dict, prompt: dict, scoring,
+                          induction) -> dict[tuple[int, int], torch.Tensor]:
+        """The one-pass parts' scores (``by="predicted"``, ``ridgefill.select.ONE_PASS_SELECT``), before any late layer
+        runs, as the reference's ``up_front_scores``: in each late layer with a kept head, the attention of the last
+        exact rows' (the tail's) *predicted* queries (``x̂ = h_S W + b`` through the layer's input norm, query projection
+        and RoPE) over every row's predicted keys (the filled rows' from the paged cache, where they were written; the
+        tail's computed from their kept ``h_S``, not written). ``{(request row, part index): [prompt] float32}`` on the
+        device, for every request in ``planners``."""
+        from ridgefill.select import AttentionScores
+
+        out: dict[tuple[int, int], torch.Tensor] = {}
+        table, bs, device = plan.common.block_table_tensor, plan.block_size, self._w.device
+        for r, planner in planners.items():
+            parts = planner.parts
+            mine = {i: AttentionScores(scoring, prompt[r], parts[i], induction) for i in planner.device_parts()
+                    if parts[i].by == "predicted"}
+            if not mine:
+                continue
+            scored = dict(zip(mine, _scored(mine.values())))
+            n, t = prompt[r], self.tail
+            rows = exact[r][-max(sc.rows for sc in mine.values()):]  # the query rows: the tail's last
+            tail = torch.arange(n - t, n, device=device)
+            h = self._states.read(slots_of(table[r], tail, bs))  # [t, d]: the tail's kept h_S
+            if self.fill_maps.context:  # beside the previous token's (the row before the tail is filled: n > t)
+                h = torch.cat([h, torch.cat([self._states.read(slots_of(table[r], tail[:1] - 1, bs)), h[:-1]])], -1)
+            for j, i in enumerate(self.late_attn):  # one map per late attention layer: selection has no other kind
+                here = [(sc, layers) for sc, layers in scored.values() if i in layers]
+                if not here:
+                    continue
+                attn = self.family.attention(self.layers[i]).attn
+                k_tail, _ = self._filled_kv(j, h, tail)
+                keys = read_keys(attn, table[r], n, bs)  # [kv_heads, n, hd]: the filled rows' predicted keys
+                keys = torch.cat([keys[:, :n - t], k_tail.view(t, attn.num_kv_heads, attn.head_size).transpose(0, 1)
+                                  .to(keys.dtype)], 1)[None]
+                x_hat = torch.addmm(self._b[j], h[-rows.size:], self._w[j])[None]  # the query rows' predicted inputs
+                for sc, _ in here:
+                    q = min(sc.rows, rows.size)
+                    before = sc.scores.clone()
+                    sc.add(i, x_hat[:, -q:], tail[-q:], tail[-q:], keys, None, host=rows[-q:])
+                    combine_layer(sc, before)  # tensor parallel: the scores of every rank's heads
+            out.update({(r, i): sc.scores for i, sc in mine.items()})
         return out
 
     def _write_windowed(self, plan, s) -> None:
@@ -503,25 +684,27 @@ class FillModel:
             if w:
                 self._write_filled(j, h, pos, slots)
 
-    def _late_run(self, plan, rows: dict[int, torch.Tensor], prompt: dict[int, int],
+    def _late_run(self, plan, rows: dict[int, np.ndarray], prompt: dict[int, int],
                   scorers: dict[int, list]) -> dict[int, torch.Tensor]:
-        """Run the late layers for ``rows`` (request row -> sorted positions), from their kept ``h_S``, as
-        pseudo-requests (one per run of consecutive positions; :func:`~ridgefill_vllm.selection.span_metadata`),
-        writing their K/V to their slots. ``scorers[r]`` (``ridgefill.select.AttentionScores``) record the
-        attention of request ``r``'s last rows over its ``prompt[r]`` keys in each late layer. Returns each
-        request's final hidden states ``[len(rows[r]), d]``."""
-        table, bs = plan.common.block_table_tensor, plan.block_size
-        reqs, runs, slot_parts, pos_parts, bounds, start = [], [], [], [], {}, 0
+        """Run the late layers for ``rows`` (request row -> sorted host positions), from their kept ``h_S``, as
+        pseudo-requests (one per run of consecutive positions; :func:`~ridgefill_vllm.plan.runs_metadata`),
+        writing their K/V to their slots. ``scorers[r]`` (``(ridgefill.select.AttentionScores, the layers it
+        scores)`` pairs, :func:`_scored`) record the attention of request ``r``'s last rows over its ``prompt[r]``
+        keys in those late layers. Returns each request's final hidden states ``[len(rows[r]), d]``."""
+        table, bs, device = plan.common.block_table_tensor, plan.block_size, self._w.device
+        reqs, runs, bounds, start = [], [], {}, 0
         for r, pos in rows.items():
-            for a, b in spans(pos.cpu()):
+            for a, b in spans(pos):
                 reqs.append(r)
                 runs.append((a, b))
-            slot_parts.append(slots_of(table[r], pos, bs))
-            pos_parts.append(pos)
-            bounds[r] = (start, start + pos.numel())
-            start += pos.numel()
-        slots, pos = torch.cat(slot_parts), torch.cat(pos_parts)
-        metadata = plan.build(span_metadata(plan.common, reqs, runs, slots, pos))
+            bounds[r] = (start, start + pos.size)
+            start += pos.size
+        host = np.concatenate(list(rows.values()))
+        pos = _on(device, host)
+        slots = slots_of(table, pos, bs, _on(device, np.repeat(list(rows), [p.size for p in rows.values()])))
+        starts, ends = torch.tensor(runs, dtype=torch.int64).view(-1, 2).unbind(1)
+        metadata = plan.build(runs_metadata(plan.common, torch.tensor(reqs, dtype=torch.int64), starts, ends, slots,
+                                            pos))
         x, residual = self._states.read(slots), None
         ctx = get_forward_context()
         saved_meta = {name: ctx.attn_metadata[name] for name in self.late_names}
@@ -531,28 +714,44 @@ class FillModel:
                 ctx.attn_metadata[name] = metadata
                 ctx.slot_mapping[name] = slots
             for i in self.late:
+                here = {r: [(sc, layers) for sc, layers in recs if i in layers] for r, recs in scorers.items()}
+                here = {r: recs for r, recs in here.items() if recs}
                 queries = {}
-                for r, recs in scorers.items():  # the scored rows' layer input, before the layer runs
+                for r, recs in here.items():  # the scored rows' layer input, before the layer runs
                     a, b = bounds[r]
-                    q = min(max(sc.rows for sc in recs), b - a)
-                    rows_r = torch.arange(b - q, b, device=x.device)
-                    queries[r] = (x[rows_r] + residual[rows_r]) if residual is not None else x[rows_r].clone()
+                    q0 = b - min(max(sc.rows for sc, _ in recs), b - a)
+                    queries[r] = (x[q0:b] + residual[q0:b]) if residual is not None else x[q0:b].clone()
                 x, residual = self.layers[i](pos, x, residual)
                 attn = self.family.attention(self.layers[i]).attn
-                for r, recs in scorers.items():
+                for r, recs in here.items():
                     a, b = bounds[r]
                     keys = read_keys(attn, table[r], prompt[r], bs)[None]
-                    for sc in recs:
+                    for sc, _ in recs:
                         k = min(sc.rows, b - a)
                         p = pos[b - k:b]
                         before = sc.scores.clone()
-                        sc.add(i, queries[r][-k:][None], p, p, keys, None)
+                        sc.add(i, queries[r][-k:][None], p, p, keys, None, host=host[b - k:b])
                         combine_layer(sc, before)  # tensor parallel: the scores of every rank's heads
         finally:
             _restore(ctx.attn_metadata, saved_meta)
             _restore(ctx.slot_mapping, saved_slots)
         x, _ = self.norm(x, residual)
         return {r: x[a:b] for r, (a, b) in bounds.items()}
+
+
+def _scored(scorers) -> list[tuple[object, frozenset[int]]]:
+    """Each ``ridgefill.select.AttentionScores`` of ``scorers`` with the layers it scores on some rank (where its
+    scores are combined over the ranks), then given this rank's kept heads (:func:`ridgefill_vllm.tp.local_heads`)."""
+    scorers = list(scorers)
+    layers = [frozenset(sc.layers()) for sc in scorers]
+    local_heads(scorers)
+    return list(zip(scorers, layers))
+
+
+def _on(device, rows: np.ndarray) -> torch.Tensor:
+    """Host ``int64`` rows as a device index tensor (copied without waiting where the device is an accelerator)."""
+    t = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+    return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
 
 
 def _restore(mapping: dict, saved: dict) -> None:

@@ -1,8 +1,8 @@
 """Reading a RidgeFill maps file (written by ``ridgefill calibrate``) inside the vLLM environment.
 
 One reader serves both environments: :func:`load_fill_maps` calls :func:`ridgefill.maps.load_maps`, which
-reads and checks the format that ``docs/maps-format.md`` specifies (format version 1: tensors, metadata
-types, shapes, finiteness and the content hashes). ``ridgefill.maps`` imports torch, safetensors, numpy
+reads and checks the format that ``docs/maps-format.md`` specifies (format versions 1 and 2: tensors,
+metadata types, shapes, finiteness and the content hashes). ``ridgefill.maps`` imports torch, safetensors, numpy
 and tqdm, never ``transformers``, so it runs beside vLLM (whose ``transformers`` pin differs from the
 project's); ``scripts/install_vllm.sh`` installs ``ridgefill`` there without its dependencies. This module
 adds what the plugin itself refuses (K/V maps) and its checks against the served model.
@@ -10,6 +10,7 @@ adds what the plugin itself refuses (K/V maps) and its checks against the served
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 
@@ -31,20 +32,30 @@ class FillMaps:
         weights: ``W_l`` ``[L-S-1, f, d]`` float32 (``f = d``, or ``2d`` for context maps, which read
             ``[h_S(t), h_S(t−1)]``: ``ridgefill.fill.context_features``); biases: ``b_l`` ``[L-S-1, d]`` float32.
         meta: the file's metadata (model name, weight sample, λ, ``context``, ...).
+        induction: the model's induction score per layer and head ``[L, H]`` float32 (format version 2; ``None`` in
+            version 1 files): the heads row selection scores with (``ridgefill.select.induction_scores``).
     """
 
     split: int
     weights: Tensor
     biases: Tensor
     meta: dict = field(default_factory=dict)
+    induction: Tensor | None = None
 
     @property
     def context(self) -> int:
         """``1`` for context maps (the previous token's split state is read too), else ``0``."""
         return self.meta.get("context", 0)
 
-    def check_shape(self, num_layers: int, hidden: int) -> None:
-        """Check the maps fit a model of ``num_layers`` layers of width ``hidden``.
+    @property
+    def select(self) -> str | None:
+        """The row selection setting the maps were tuned with (``ridgefill tune``; ``ridgefill.maps.RidgeMaps.select``),
+        which ``select: "auto"`` follows; ``None`` when not recorded."""
+        return self.meta.get("select")
+
+    def check_shape(self, num_layers: int, hidden: int, heads: int | None = None) -> None:
+        """Check the maps fit a model of ``num_layers`` layers of width ``hidden`` (and ``heads`` attention heads per
+        layer, when given, against the induction scores).
 
         Raises:
             MapsMismatchError: another split range or other sizes; the message says which.
@@ -56,6 +67,9 @@ class FillMaps:
         if tuple(self.weights.shape) != want:
             raise MapsMismatchError(f"maps have weights {tuple(self.weights.shape)}, but this model ({num_layers} "
                                     f"layers, hidden size {hidden}) at S={self.split} needs {want}; {fix}")
+        if heads is not None and self.induction is not None and tuple(self.induction.shape) != (num_layers, heads):
+            raise MapsMismatchError(f"maps hold induction scores {tuple(self.induction.shape)}, but this model has "
+                                    f"{num_layers} layers of {heads} heads; {fix}")
 
     def check_weight_sample(self, sample: list[float], dtype: torch.dtype) -> None:
         """Check the model's weights are the ones the maps were fitted on.
@@ -86,6 +100,31 @@ class FillMaps:
                                     f"by up to {rel:.3g} relative; {fix}")
 
 
+def resolve_maps_path(path: str | os.PathLike, model_dir: str | os.PathLike | None) -> str:
+    """The maps file the ``ridgefill`` setting ``maps`` names: ``~`` expanded; a relative path is the model folder's
+    file when ``model_dir`` (the served model's folder) holds it (``ridgefill export-vllm`` writes
+    ``"maps": "ridgefill/maps.safetensors"``), otherwise relative to the working directory."""
+    p = os.path.expanduser(str(path))
+    if not os.path.isabs(p) and model_dir is not None and os.path.isfile(os.path.join(str(model_dir), p)):
+        return os.path.join(str(model_dir), p)
+    return p
+
+
+def recorded_select(path: str | os.PathLike) -> str | None:
+    """The row selection setting a maps file records (its metadata ``select``, written by ``ridgefill tune``; what
+    ``select: "auto"`` follows), read from the file's header alone; ``None`` when it records none or cannot be read
+    (the model refuses such a file at load, with the reason)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(os.path.expanduser(str(path)), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("ridgefill") or "{}")
+    except (SafetensorError, OSError, ValueError):  # the model's load_fill_maps names the problem
+        return None
+    select = meta.get("select") if isinstance(meta, dict) else None
+    return select if isinstance(select, str) else None
+
+
 def load_fill_maps(path: str | os.PathLike) -> FillMaps:
     """Read and check a maps file with ``ridgefill``'s reader (:func:`ridgefill.maps.load_maps`; the format:
     ``docs/maps-format.md``).
@@ -95,7 +134,7 @@ def load_fill_maps(path: str | os.PathLike) -> FillMaps:
 
     Raises:
         InputError: the file does not exist, or ``ridgefill`` is not installed beside vLLM.
-        MapsFormatError: not a RidgeFill maps file of format version 1, truncated or corrupted (a tensor or a
+        MapsFormatError: not a RidgeFill maps file of format version 1 or 2, truncated or corrupted (a tensor or a
             header field that differs from its content hash), bad metadata, tensors that are not float32 or not
             finite, inconsistent shapes, or K/V maps (kind ``"kv"``), which the plugin does not serve yet.
     """
@@ -104,8 +143,8 @@ def load_fill_maps(path: str | os.PathLike) -> FillMaps:
         from ridgefill.maps import load_maps
     except ImportError as e:
         raise InputError(f"the vLLM plugin reads maps files with the ridgefill package, which is not importable "
-                         f"here ({e}); install it beside vLLM without its dependencies: `pip install --no-deps "
-                         f"<the ridgefill checkout>` (scripts/install_vllm.sh does)") from e
+                         f"here ({e}); install ridgefill-vllm with its dependencies (scripts/install_vllm.sh builds "
+                         f"and installs both wheels)") from e
     try:
         maps = load_maps(path)
     except rf_errors.InputError as e:
@@ -115,4 +154,5 @@ def load_fill_maps(path: str | os.PathLike) -> FillMaps:
     if maps.kind != "inputs":
         raise MapsFormatError(f"maps file {str(path)!r} holds maps of kind {maps.kind!r}; the vLLM plugin serves input "
                               "maps (kind 'inputs', the default of `ridgefill calibrate`): refit without --targets kv")
-    return FillMaps(maps.split, maps.weights, maps.biases, dict(maps.meta, split=maps.split, lambdas=maps.lambdas))
+    return FillMaps(maps.split, maps.weights, maps.biases, dict(maps.meta, split=maps.split, lambdas=maps.lambdas),
+                    induction=maps.induction)

@@ -17,7 +17,9 @@ chunks wrote their predicted K/V when they were scheduled.
 Context maps read the split state of the token before each filled token. Within a step it is the previous
 scheduled token; for the first token of a later chunk, or the first token after a prefix-cache hit, it is a
 token computed in an earlier step, whose split state the model keeps, keyed by its KV-cache slot
-(:attr:`FillPlan.carry_out`, :attr:`FillPlan.carry_in`).
+(:attr:`FillPlan.carry_out`, :attr:`FillPlan.carry_in`, :class:`CarriedStates`). The plan is computed from the
+step's host tensors (query lengths, computed tokens, prompt lengths); what lives on the device (the slot mapping,
+the block table) is only gathered from, so building a plan reads no device value.
 
 Prefix caching: the hash of a KV block carries the fill (:func:`fill_block_key`: the maps, the tail, and how
 many of the block's rows are filled), so a block is served from the cache only to a request that fills the
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -106,12 +108,15 @@ class FillPlan:
             when it is in this step; ``-1`` at position 0 (zeros, as before row 0 in
             ``ridgefill.maps.context_features``); ``-2`` when it is the last token of the request's previous
             chunk (its split state is in the model's carry, :attr:`carry_in`).
-        carry_in: ``(i, slot)`` pairs: filled token ``filled[i]``'s previous token is the one at KV-cache slot
-            ``slot``, computed in an earlier step.
-        carry_out: ``(token index, slot)`` pairs: tokens whose split state a later step may read: the last
+        carry_in: ``[C]`` int64 (on the model's device): the filled tokens (indices into :attr:`filled`) whose
+            previous token was computed in an earlier step (a later chunk's first token, the first token after a
+            prefix-cache hit), or by another request in this step (a hit on blocks this step computes).
+        carry_in_slots: ``[C]`` int64 (on the model's device): the KV-cache slots of those previous tokens.
+        carry_out: ``[K]`` int64 (on the model's device): tokens whose split state a later step may read: the last
             scheduled token of a request whose next token is filled (read once, by its next chunk), and every
             filled token that ends a KV block (read by any request that hits the block in the prefix cache;
-            kept until the slot is written again).
+            kept until the block is written again).
+        carry_out_slots: ``[K]`` int64 (on the model's device): their KV-cache slots.
         block_size: the KV block size (``None`` without a block table).
         num_computed: ``[R]`` int64 CPU, each request's position of its first scheduled token.
         num_prompt: ``[R]`` int64 CPU, each request's prompt length.
@@ -128,8 +133,10 @@ class FillPlan:
     query_lens: Tensor
     num_filled: Tensor
     filled_prev: Tensor | None = None
-    carry_in: list[tuple[int, int]] = field(default_factory=list)
-    carry_out: list[tuple[int, int]] = field(default_factory=list)
+    carry_in: Tensor | None = None
+    carry_in_slots: Tensor | None = None
+    carry_out: Tensor | None = None
+    carry_out_slots: Tensor | None = None
     block_size: int | None = None
     num_computed: Tensor | None = None
     num_prompt: Tensor | None = None
@@ -137,11 +144,6 @@ class FillPlan:
     token_ids: Tensor | None = None
     common: object = None
     build: object = None
-
-
-def _slot_of(block_table: Tensor, req: int, pos: int, block_size: int) -> int:
-    """The KV-cache slot of position ``pos`` of request row ``req``."""
-    return int(block_table[req, pos // block_size]) * block_size + pos % block_size
 
 
 def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int, num_computed: Tensor | None = None,
@@ -179,53 +181,124 @@ def make_plan(query_start_loc_cpu: Tensor, slot_mapping: Tensor, tail: int, num_
     f_req, f_off = req[filled_cpu], offset[filled_cpu]
     first = f_off == 0
     prev = torch.where(first, torch.where(computed[f_req] > 0, -2, -1), filled_cpu - 1)
-    carry_in = []
-    for i in (prev == -2).nonzero().flatten().tolist():
-        if block_table is None or block_size is None:
-            raise ValueError("a later chunk's first filled token needs the block table to find the previous token")
-        r = int(f_req[i])
-        carry_in.append((i, _slot_of(block_table, r, int(computed[r]) - 1, block_size)))
-    keep = set()
-    for r in range(q_lens.numel()):  # whole chunk filled and more filled tokens to come: keep its last h_S
-        q = int(q_lens[r])
-        if q and int(n_filled[r]) == q and int(computed[r]) + q < int(prompt[r]) - tail:
-            keep.add(int(qsl[r]) + q - 1)
+    carried = (prev == -2).nonzero().flatten()  # host tensors: the plan reads no device value
+    if carried.numel() and (block_table is None or block_size is None):
+        raise ValueError("a later chunk's first filled token needs the block table to find the previous token")
+    c_req = f_req[carried]
+    # whole chunk filled and more filled tokens to come: keep its last h_S
+    chunk_end = (q_lens > 0) & (n_filled == q_lens) & (computed + q_lens < prompt - tail)
+    keep = (qsl[1:] - 1)[chunk_end]
     if block_size is not None:  # filled tokens that end a KV block: a later request may hit the block in the
         ends = filled_cpu[(computed[f_req] + f_off + 1) % block_size == 0]  # prefix cache and read them
-        keep.update(ends.tolist())
-    carry_out = [(t, int(slot_mapping[t])) for t in sorted(keep)]
+        keep = torch.cat([keep, ends])
+    keep = torch.unique(keep)  # sorted
     filled, exact = filled_cpu.to(device), (~is_filled).nonzero().flatten().to(device)
+    carry_out = keep.to(device)
+    carry_in_slots = (slots_of(block_table, (computed[c_req] - 1).to(device), block_size, c_req.to(device))
+                      if carried.numel() else torch.zeros(0, dtype=torch.int64, device=device))
     return FillPlan(filled, exact, slot_mapping[filled], slot_mapping[exact], total, q_lens, n_filled,
-                    prev.to(device), carry_in, carry_out, block_size, computed, prompt)
+                    prev.to(device), carried.to(device), carry_in_slots, carry_out, slot_mapping[carry_out].to(torch.int64),
+                    block_size, computed, prompt)
+
+
+def slots_of(block_table: Tensor, positions: Tensor, block_size: int, rows: Tensor | None = None) -> Tensor:
+    """KV-cache slots (int64, on ``block_table``'s device) of ``positions`` (int64 ``[n]``) of the one request whose
+    block table row ``block_table`` is (``[blocks]``), or with ``rows`` (``[n]``) of the requests in those rows of
+    ``block_table`` (``[requests, blocks]``). A gather on the device: no host read."""
+    blocks = (block_table[positions // block_size] if rows is None
+              else block_table[rows, positions // block_size]).to(torch.int64)
+    return blocks * block_size + positions % block_size
+
+
+class CarriedStates:
+    """The split states a later step reads with context maps (:attr:`FillPlan.carry_out`, :attr:`FillPlan.carry_in`),
+    for the plain fill (with row selection the model keeps every token's, :class:`ridgefill_vllm.selection.SplitStates`):
+    one ``d``-vector per KV block, the last state written for a token of that block (a chunk's last token until the
+    next chunk reads it; a filled block's last token until the block is written again), with the slot it belongs to.
+    Allocated once for the whole KV pool (:meth:`allocate`; reserved when vLLM sizes the pool,
+    :func:`ridgefill_vllm.memory.fill_bytes_per_block`): a request that ends or is aborted leaves nothing to free."""
+
+    def __init__(self):
+        self.h: Tensor | None = None
+        self.slot: Tensor | None = None
+        self.block_size = 1
+
+    def allocate(self, num_blocks: int, block_size: int, like: Tensor) -> None:
+        """``[num_blocks, d]`` states in ``like``'s dtype and device, and ``[num_blocks]`` int64 slots (−1: none)."""
+        self.h = like.new_zeros((num_blocks, like.shape[-1]))
+        self.slot = torch.full((num_blocks,), -1, dtype=torch.int64, device=like.device)
+        self.block_size = block_size
+
+    def write(self, slots: Tensor, h: Tensor) -> None:
+        """Keep ``h`` ``[K, d]``, the states of the tokens at ``slots`` ``[K]`` (at most one per block)."""
+        rows = slots // self.block_size
+        self.h[rows] = h
+        self.slot[rows] = slots
+
+    def read(self, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """The kept states of the tokens at ``slots`` ``[C]``: ``([C, d], [C] bool: kept)``; no host read."""
+        rows = slots // self.block_size
+        return self.h[rows], self.slot[rows] == slots
+
+
+def carried_states(plan: FillPlan, h: Tensor, read) -> Tensor:
+    """The split states ``[C, d]`` of the previous tokens of the plan's carried filled tokens (:attr:`FillPlan.carry_in`)
+    given this step's ``h`` ``[tokens, d]``: a token of this step (another request's, whose blocks this request hit in the
+    prefix cache) from ``h``, any other from ``read(slots) -> ([C, d], [C] bool kept)``. One host read per step with
+    carried tokens (that every state was kept).
+
+    Raises:
+        RuntimeError: a state was not kept (a bug of the plugin: the step that computed the token kept none).
+    """
+    slots = plan.carry_in_slots
+    kept_h, kept = read(slots)
+    here = plan.carry_out_slots[None, :] == slots[:, None]  # [C, K]: the previous token is computed in this step
+    in_step = here.any(1)
+    got = torch.where(in_step[:, None], h[plan.carry_out[here.to(torch.int64).argmax(1)]] if here.shape[1] else kept_h,
+                      kept_h)
+    if not bool((in_step | kept).all()):
+        raise RuntimeError("RidgeFill: the split state of a token before the first filled token of a chunk was not "
+                           "kept; this is a bug of the plugin")
+    return got
 
 
 def subset_metadata(common, plan: FillPlan):
     """vLLM ``CommonAttentionMetadata`` for the exact tokens only: the requests that have exact tokens in
     this step, with their sequence lengths and block tables, queries restricted to those tokens (each
-    request's last ``q_len − num_filled`` scheduled tokens)."""
+    request's last ``q_len − num_filled`` scheduled tokens): :func:`runs_metadata` with one run per request."""
     n_exact = plan.query_lens - plan.num_filled
     keep = (n_exact > 0).nonzero().flatten()
-    n_keep = n_exact[keep]
-    sub = torch.zeros(keep.numel() + 1, dtype=torch.int64)
-    sub[1:] = torch.cumsum(n_keep, 0)
-    sub = sub.to(common.query_start_loc_cpu.dtype)
+    end = plan.num_computed[keep] + plan.query_lens[keep]
+    positions = common.positions[plan.exact] if common.positions is not None else None
+    return runs_metadata(common, keep, end - n_exact[keep], end, plan.exact_slots, positions)
+
+
+def runs_metadata(common, reqs: Tensor, starts: Tensor, ends: Tensor, slots: Tensor, positions: Tensor | None):
+    """vLLM ``CommonAttentionMetadata`` for runs of consecutive positions as pseudo-requests: run ``i`` holds positions
+    ``starts[i] .. ends[i] − 1`` of the request in batch row ``reqs[i]`` (int64 CPU ``[n]`` each), with that request's
+    block table and the sequence length ``ends[i]`` (its queries attend causally to the request's cache up to the run's
+    end). ``slots``/``positions``: the runs' tokens in order (on the device). The exact tokens of a step
+    (:func:`subset_metadata`) and row selection's runs (:meth:`ridgefill_vllm.llama.FillModel._late_run`) both use
+    it; the host copies (``query_start_loc_cpu``, ``seq_lens_cpu_upper_bound``) are the runs' own."""
+    q = (ends - starts).to(torch.int64)
+    qsl = torch.zeros(reqs.numel() + 1, dtype=torch.int64)
+    qsl[1:] = torch.cumsum(q, 0)
+    qsl = qsl.to(common.query_start_loc_cpu.dtype)
+    seq = ends.to(common.seq_lens.dtype)
 
     def rows(x):
         if x is None:
             return None
-        return x[keep.to(x.device)] if isinstance(x, Tensor) else x[keep.numpy()]
+        return x[reqs.to(x.device)] if isinstance(x, Tensor) else x[reqs.numpy()]
 
-    positions = common.positions[plan.exact] if common.positions is not None else None
     return dataclasses.replace(
-        common, query_start_loc=sub.to(common.query_start_loc.device), query_start_loc_cpu=sub,
-        seq_lens=rows(common.seq_lens), num_reqs=keep.numel(), num_actual_tokens=int(sub[-1]),
-        max_query_len=int(n_keep.max()), block_table_tensor=rows(common.block_table_tensor),
-        slot_mapping=plan.exact_slots, positions=positions,
+        common, query_start_loc=qsl.to(common.query_start_loc.device), query_start_loc_cpu=qsl,
+        seq_lens=seq.to(common.seq_lens.device), num_reqs=reqs.numel(), num_actual_tokens=int(qsl[-1]),
+        max_query_len=int(q.max()) if q.numel() else 0, max_seq_len=int(ends.max()) if ends.numel() else 0,
+        block_table_tensor=rows(common.block_table_tensor), slot_mapping=slots, positions=positions,
         causal=rows(common.causal) if isinstance(common.causal, Tensor) else common.causal,
         encoder_seq_lens=rows(common.encoder_seq_lens), encoder_seq_lens_cpu=rows(common.encoder_seq_lens_cpu),
-        dcp_local_seq_lens=rows(common.dcp_local_seq_lens),
-        dcp_local_seq_lens_cpu_upper_bound=rows(common.dcp_local_seq_lens_cpu_upper_bound),
-        seq_lens_cpu_upper_bound=rows(common.seq_lens_cpu_upper_bound), is_prefilling=rows(common.is_prefilling),
-        req_idx=rows(common.req_idx), rswa_prefix_lens=rows(common.rswa_prefix_lens),
-        replayssm_decode_base_cpu=rows(common.replayssm_decode_base_cpu),
+        dcp_local_seq_lens=None, dcp_local_seq_lens_cpu_upper_bound=None, seq_lens_cpu_upper_bound=seq.clone(),
+        is_prefilling=rows(common.is_prefilling), req_idx=rows(common.req_idx),
+        rswa_prefix_lens=rows(common.rswa_prefix_lens), replayssm_decode_base_cpu=rows(common.replayssm_decode_base_cpu),
         _num_computed_tokens_cache=None, _token_to_req_indices_cache=None)

@@ -52,15 +52,16 @@ def set_engine_fill(model_config) -> None:
     """Record the fill the engine serves (from ``hf_config.ridgefill``), or ``None`` without maps."""
     global _ENGINE_FILL
     from . import serves_fill
-    from .selection import DEFAULT_SELECT, selection_off
+    from .maps import resolve_maps_path
+    from .selection import engine_selects
 
     if not serves_fill(model_config):
         _ENGINE_FILL = None
         return
     cfg = model_config.hf_config.ridgefill
     tail = cfg.get("tail", DEFAULT_TAIL)
-    selects = not selection_off(cfg.get("select", DEFAULT_SELECT))
-    _ENGINE_FILL = (maps_identity(str(cfg["maps"])), tail, selects) if isinstance(tail, int) else None
+    path = resolve_maps_path(cfg["maps"], model_config.model)
+    _ENGINE_FILL = (maps_identity(path), tail, engine_selects(cfg, path)) if isinstance(tail, int) else None
 
 
 def fill_block_key(num_prompt: int, start: int, end: int, ident: str, tail: int,

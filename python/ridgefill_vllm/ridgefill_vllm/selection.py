@@ -5,19 +5,26 @@
 A request selects in the step that schedules its last prompt token (with chunked prefill, the last chunk;
 :func:`selecting_requests`). Its split states ``h_S`` of every prompt token are kept by KV-cache slot
 (:class:`SplitStates`, written in every step with filled tokens), so rows of earlier chunks can run the
-late layers again without their lower layers (whose K/V are in the cache):
+late layers again without their lower layers (whose K/V are in the cache). The plan is decided on the host
+(NumPy row lists, as the reference's): the device is read once per round of scores.
 
-1. The lexical part chooses rows from the prompt's token ids (before the late layers).
+1. The parts chosen up front: the lexical part from the prompt's token ids; a one-pass part (``by="predicted"``,
+   ``select: "one-pass"``) from the attention of the tail's *predicted* late-layer queries over every row's
+   predicted keys (the filled rows' in the paged cache, the tail's computed from their kept ``h_S``), with no
+   late layer run (:meth:`ridgefill_vllm.llama.FillModel._predicted_scores`).
 2. Pass 1: the tail and those rows run the late layers, as pseudo-requests (one per run of consecutive
-   rows, with the request's block table and the sequence length ending at the run; :func:`span_metadata`),
+   rows, with the request's block table and the sequence length ending at the run;
+   :func:`ridgefill_vllm.plan.runs_metadata`),
    while the attention parts record, in each late layer, the attention of the last exact rows over the
-   request's keys, read from the paged KV cache (:class:`KeyReader`) after the layer wrote them.
+   request's keys, read from the paged KV cache (:func:`read_keys`) after the layer wrote them.
 3. The attention parts choose; if rows were added, pass 2 runs the tail and every chosen row through the
    late layers again: chosen rows overwrite their predicted K/V with exact ones, the tail attends to them.
+   A selection without attention parts (one-pass) runs the late layers once, after step 1.
 
-The heads the attention parts keep (``heads="induction"``) are scored once per engine from the served
-weights (:func:`induction_scores`, the reference's rule). The chosen rows of a request are kept by request
-id, so a preempted and recomputed request reuses them (:class:`ChosenRows`).
+The heads the attention parts keep (``heads="induction"``) follow the induction scores the maps hold (format
+version 2, found at calibration); for maps without them they are scored once per engine from the served weights
+(:func:`induction_scores`, the reference's rule). The chosen rows of a request are kept by request id, so a
+preempted and recomputed request reuses them (:class:`ChosenRows`).
 """
 
 from __future__ import annotations
@@ -26,62 +33,87 @@ import functools
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ridgefill import defaults
+from ridgefill.errors import InputError as RidgeFillInputError
+from ridgefill.select import INDUCTION_PROBE, SETTINGS, as_selection, resolve_auto
+
 from .errors import InputError
 
-#: The default of the maps config's ``select`` entry: ``ridgefill``'s default selection.
-DEFAULT_SELECT = "on"
+#: The default of the maps config's ``select`` entry: ``ridgefill``'s default, ``"auto"`` (the setting the maps
+#: record, else ``"on"``).
+DEFAULT_SELECT = defaults.SELECT
 
 
-def selection_off(value) -> bool:
-    """Whether a ``select`` setting is the plain fill (``"off"``, ``"none"`` or empty)."""
-    return isinstance(value, str) and value.strip() in ("off", "none", "")
+def is_auto(value) -> bool:
+    """Whether a ``select`` setting is ``"auto"`` (resolved against the maps' recorded setting)."""
+    return isinstance(value, str) and value.strip() == "auto"
 
 
-def parse_select(value):
-    """The selection of the maps config's ``select`` entry (a spec string as on ``ridgefill``'s command
-    line: ``"on"``, ``"off"``, ``"attention"``, ``"ngram"`` or ``key=value`` parts joined by ``+``), as a
-    ``ridgefill.select.Selection``, or ``None`` for ``"off"``.
+def parse_select(value, recorded: str | None = None):
+    """The selection of the maps config's ``select`` entry, as ``ridgefill.prefill`` reads its ``select``
+    (:func:`ridgefill.select.resolve_auto`): ``"auto"`` (the default: ``recorded``, the setting the maps record,
+    else ``"on"``), a named setting (``"on"``, ``"two-pass"``, ``"one-pass"``, ``"off"``) or a spec string
+    (``"attention"``, ``"ngram"``, ``key=value`` parts joined by ``+``); a ``ridgefill.select.Selection``, or
+    ``None`` for the plain fill.
 
     Raises:
-        InputError: not a string, a bad spec, a query-agnostic part (``by=leverage``, which needs the maps'
-            calibration covariance, not read by the plugin), or ``ridgefill`` not installed beside vLLM.
+        InputError: not a string, a bad spec (given, or recorded in the maps), or a query-agnostic part
+            (``by=leverage``, ``"prompt"``: it needs the maps' calibration covariance, which the plugin does not
+            read).
     """
     if not isinstance(value, str):
-        raise InputError(f"ridgefill select={value!r} must be a spec string such as 'on' (the default) or 'off'")
-    if selection_off(value):
-        return None
+        raise InputError(f"ridgefill select={value!r} must be a string: one of {', '.join(SETTINGS)} (default "
+                         f"{DEFAULT_SELECT!r}) or a spec")
+    via = f" (the maps' recorded setting {recorded!r})" if is_auto(value) and recorded is not None else ""
     try:
-        from ridgefill.errors import InputError as RidgeFillInputError
-        from ridgefill.select import as_select, as_selection
-    except ImportError as e:
-        raise InputError("row selection (the 'select' entry of the ridgefill config, 'on' by default) uses the "
-                         "ridgefill package, which is not installed in vLLM's environment: install it without its "
-                         "dependencies (`pip install --no-deps .` in the RidgeFill repository, as "
-                         "scripts/install_vllm.sh does), or set 'select': 'off' for the plain fill") from e
-    try:
-        selection = as_selection(as_select(value))
+        chosen = resolve_auto(value, recorded)
     except RidgeFillInputError as e:
-        raise InputError(f"ridgefill select={value!r}: {e}") from None
+        raise InputError(f"ridgefill select={value!r}{via}: {e}") from None
+    if chosen is None:
+        return None
+    selection = as_selection(chosen)
     if any(p.by == "leverage" for p in selection.parts):
-        raise InputError(f"ridgefill select={value!r} has a query-agnostic part (by=leverage, 'prompt'), which the "
-                         "vLLM plugin does not serve; use 'on' (lexical and attention parts) or 'off'")
+        raise InputError(f"ridgefill select={value!r}{via} has a query-agnostic part (by=leverage, 'prompt'), which "
+                         "the vLLM plugin does not serve; use 'on' (or 'two-pass'), 'one-pass' or 'off'")
     return selection
+
+
+def engine_selects(cfg: dict, maps_path: str) -> bool:
+    """Whether an engine whose ``ridgefill`` config is ``cfg`` selects rows: its ``select`` setting, ``"auto"`` resolved
+    against the setting recorded in the maps file at ``maps_path`` (:func:`~ridgefill_vllm.maps.recorded_select`). Read
+    where the model is not at hand (the KV pool's sizing, the prefix-cache keys), after the model refused a bad setting.
+    """
+    from .maps import recorded_select
+
+    value = cfg.get("select", DEFAULT_SELECT)
+    return parse_select(value, recorded_select(maps_path) if is_auto(value) else None) is not None
+
+
+def read_scores(scores: dict) -> dict:
+    """Device score vectors ``{key: [N_key]}`` (float32; the requests' prompt lengths may differ) read to the host in
+    one transfer, as host NumPy ``{key: [N_key]}`` (``ridgefill.select.read_scores`` for vectors of one length)."""
+    if not scores:
+        return {}
+    keys = list(scores)
+    host = torch.cat([scores[k].float() for k in keys]).cpu().numpy()
+    return dict(zip(keys, np.split(host, np.cumsum([scores[k].numel() for k in keys])[:-1])))
 
 
 @dataclass
 class SelectingRequest:
     """A request that selects in this step: its row ``req`` in the step's batch, prompt length ``prompt``,
-    first scheduled position ``computed``, its id and its prompt's token ids ``[prompt]`` int64 CPU."""
+    first scheduled position ``computed``, its id and its prompt's token ids ``[prompt]`` int64 (host NumPy)."""
 
     req: int
     prompt: int
     computed: int
     req_id: str
-    token_ids: Tensor
+    token_ids: np.ndarray
 
 
 def selecting_requests(plan, tail: int) -> list[SelectingRequest]:
@@ -93,21 +125,23 @@ def selecting_requests(plan, tail: int) -> list[SelectingRequest]:
     q = plan.query_lens.tolist()
     for r, (c, p) in enumerate(zip(plan.num_computed.tolist(), plan.num_prompt.tolist())):
         if p > tail and c < p <= c + q[r]:
-            out.append(SelectingRequest(r, p, c, plan.req_ids[r], plan.token_ids[r, :p].to(torch.int64).clone()))
+            out.append(SelectingRequest(r, p, c, plan.req_ids[r], plan.token_ids[r, :p].numpy().astype(np.int64)))
     return out
 
 
 class SplitStates:
     """The split state ``h_S`` of every computed token, by KV-cache slot: ``[slots, d]`` in the model's
     dtype, allocated at the first step with filled tokens (one ``d``-vector per KV-cache slot; beside a
-    late layer's K/V, which hold ``2 · kv_heads · head_dim`` values per slot per layer)."""
+    late layer's K/V, which hold ``2 · kv_heads · head_dim`` values per slot per layer; reserved when vLLM sizes
+    the KV pool, :func:`ridgefill_vllm.memory.fill_bytes_per_block`)."""
 
     def __init__(self):
         self.h: Tensor | None = None
 
-    def write(self, slots: Tensor, h: Tensor, num_slots: int) -> None:
-        if self.h is None:
-            self.h = h.new_zeros((num_slots, h.shape[-1]))
+    def allocate(self, num_slots: int, like: Tensor) -> None:
+        self.h = like.new_zeros((num_slots, like.shape[-1]))
+
+    def write(self, slots: Tensor, h: Tensor) -> None:
         self.h[slots] = h
 
     def read(self, slots: Tensor) -> Tensor:
@@ -115,76 +149,33 @@ class SplitStates:
 
 
 class ChosenRows:
-    """The exact rows (sorted positions, CPU) each request's selection chose, by request id, so that a
+    """The exact rows (sorted host ``int64`` positions) each request's selection chose, by request id, so that a
     preempted request recomputed later runs the same rows; the oldest are forgotten beyond ``capacity``."""
 
     def __init__(self, capacity: int = 4096):
-        self.rows: OrderedDict[str, tuple[int, Tensor]] = OrderedDict()
+        self.rows: OrderedDict[str, tuple[int, np.ndarray]] = OrderedDict()
         self.capacity = capacity
 
-    def get(self, req_id: str, prompt: int) -> Tensor | None:
+    def get(self, req_id: str, prompt: int) -> np.ndarray | None:
         got = self.rows.get(req_id)
         return got[1] if got is not None and got[0] == prompt else None
 
-    def put(self, req_id: str, prompt: int, rows: Tensor) -> None:
-        self.rows[req_id] = (prompt, rows.cpu())
+    def put(self, req_id: str, prompt: int, rows: np.ndarray) -> None:
+        self.rows[req_id] = (prompt, np.asarray(rows, dtype=np.int64))
         self.rows.move_to_end(req_id)
         while len(self.rows) > self.capacity:
             self.rows.popitem(last=False)
 
 
-def slots_of(block_table_row: Tensor, positions: Tensor, block_size: int) -> Tensor:
-    """KV-cache slots of ``positions`` (int64) of a request with block table row ``block_table_row``."""
-    blocks = block_table_row.to(torch.int64)[positions // block_size]
-    return blocks * block_size + positions % block_size
-
-
-def spans(positions: Tensor) -> list[tuple[int, int]]:
-    """Maximal runs of consecutive values of sorted ``positions``, as ``(start, end)`` (``end`` exclusive)."""
-    p = positions.tolist()
-    out, start = [], None
-    for i, v in enumerate(p):
-        if start is None:
-            start = v
-        if i + 1 == len(p) or p[i + 1] != v + 1:
-            out.append((start, v + 1))
-            start = None
-    return out
-
-
-def span_metadata(common, reqs: list[int], runs: list[tuple[int, int]], slots: Tensor, positions: Tensor):
-    """vLLM ``CommonAttentionMetadata`` for late-layer runs: run ``i`` holds positions ``runs[i]`` of the
-    request in batch row ``reqs[i]``, with that request's block table and sequence length ``runs[i][1]``
-    (its queries attend causally to the request's cache up to the run's end). ``slots``/``positions``:
-    the runs' tokens in order."""
-    import dataclasses
-
-    idx = torch.tensor(reqs, dtype=torch.int64)
-    q = torch.tensor([e - s for s, e in runs], dtype=torch.int64)
-    ends = torch.tensor([e for _, e in runs], dtype=torch.int64)
-    qsl = torch.zeros(len(runs) + 1, dtype=torch.int64)
-    qsl[1:] = torch.cumsum(q, 0)
-    qsl = qsl.to(common.query_start_loc_cpu.dtype)
-    seq = ends.to(common.seq_lens.dtype)
-
-    def rows(x):
-        if x is None:
-            return None
-        return x[idx.to(x.device)] if isinstance(x, Tensor) else x[idx.numpy()]
-
-    return dataclasses.replace(
-        common, query_start_loc=qsl.to(common.query_start_loc.device), query_start_loc_cpu=qsl,
-        seq_lens=seq.to(common.seq_lens.device), num_reqs=len(runs), num_actual_tokens=int(qsl[-1]),
-        max_query_len=int(q.max()), max_seq_len=int(ends.max()), block_table_tensor=rows(common.block_table_tensor),
-        slot_mapping=slots, positions=positions,
-        causal=rows(common.causal) if isinstance(common.causal, Tensor) else common.causal,
-        encoder_seq_lens=rows(common.encoder_seq_lens), encoder_seq_lens_cpu=rows(common.encoder_seq_lens_cpu),
-        dcp_local_seq_lens=None, dcp_local_seq_lens_cpu_upper_bound=None,
-        seq_lens_cpu_upper_bound=seq.clone(), is_prefilling=torch.ones(len(runs), dtype=torch.bool,
-                                                                        device=common.seq_lens.device),
-        req_idx=rows(common.req_idx), rswa_prefix_lens=rows(common.rswa_prefix_lens),
-        replayssm_decode_base_cpu=rows(common.replayssm_decode_base_cpu),
-        _num_computed_tokens_cache=None, _token_to_req_indices_cache=None)
+def spans(positions: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive values of sorted host ``positions`` (``int64`` ``[n]``), as ``(start, end)``
+    (``end`` exclusive)."""
+    positions = np.asarray(positions, dtype=np.int64)
+    if positions.size == 0:
+        return []
+    cut = np.flatnonzero(np.diff(positions) != 1) + 1
+    starts, ends = positions[np.r_[0, cut]], positions[np.r_[cut - 1, positions.size - 1]] + 1
+    return list(zip(starts.tolist(), ends.tolist()))
 
 
 @functools.cache
@@ -230,44 +221,63 @@ def read_keys(attn, block_table_row: Tensor, n: int, block_size: int) -> Tensor:
 
 
 class ScoringModel:
-    """What ``ridgefill.select.AttentionScores`` reads of a model (the reference's adapter interface),
-    for vLLM's decoder layers (``model.family`` says where their parts are,
-    :class:`ridgefill_vllm.adapters.Family`): the query rows' queries at a late layer, head counts, the
-    scale, and the induction scores of the heads."""
+    """What ``ridgefill.select.AttentionScores`` reads of a model (the reference's adapter interface), for vLLM's
+    decoder layers (``model.family`` says where their parts are, :class:`ridgefill_vllm.adapters.Family`): the query
+    rows' queries at a late layer, the keys a row sees, head counts and the scale.
 
-    def __init__(self, model, q_weights: dict[int, tuple[Tensor, Tensor | None]], induction: Tensor):
+    ``num_heads``, ``num_kv_heads`` are the model's (every rank's heads: the kept heads are chosen among all of them,
+    and ``num_heads // num_kv_heads`` maps a query head to its K/V head); :meth:`queries` returns this rank's
+    ``local_heads``, whose indices the tensor-parallel code gives the scorers (:func:`ridgefill_vllm.tp.local_heads`).
+    """
+
+    def __init__(self, model, q_weights: dict[int, tuple[Tensor, Tensor | None]]):
         self.model, self.family = model, model.family
-        attn = self.family.attention(model.layers[0])
-        self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads
+        attn = self.family.attention(model.layers[model.late_attn[0]])
+        cfg = model.config
+        self.num_layers = len(model.layers)
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.local_heads = attn.num_heads
         self.head_dim, self.scaling = attn.head_dim, attn.scaling
         self.q_weights = q_weights
-        self._induction_scores = ((256, 0), induction)  # read by ridgefill.select.induction_scores
 
     def queries(self, layer: int, x: Tensor, positions: Tensor) -> Tensor:
-        """``x`` ``[1, q, d]``: layer ``layer``'s input of rows at ``positions``; returns ``[1, H, q, hd]``: the Q
-        rows of the QKV projection (and bias), the family's query transform (:meth:`Family.queries`), RoPE."""
+        """``x`` ``[1, q, d]``: layer ``layer``'s input of rows at ``positions`` (passed where the reference passes its
+        RoPE tables); returns ``[1, H, q, hd]`` for this rank's ``H`` heads: the Q rows of the QKV projection (and
+        bias), the family's query transform (:meth:`Family.queries`), RoPE."""
         mod = self.model.layers[layer]
         attn = self.family.attention(mod)
         w, b = self.q_weights[layer]
         q = self.family.queries(attn, F.linear(self.family.input_norm(mod)(x[0]), w, b))
         q, _ = self.family.rope(attn)(positions, q.contiguous(), None)
-        return q.view(1, q.shape[0], self.num_heads, self.head_dim).transpose(1, 2)
+        return q.view(1, q.shape[0], self.local_heads, self.head_dim).transpose(1, 2)
 
-    def visible_keys(self, layer: int, positions: Tensor, n: int, visible) -> Tensor | None:
+    def _window(self, layer: int) -> int | None:
+        return getattr(self.family.attention(self.model.layers[layer]).attn, "sliding_window", None) or None
+
+    def visible_keys(self, layer: int, positions: Tensor, n: int, visible, first_key: int = 0) -> Tensor | None:
         """``None`` (causal) in a full-attention layer; in a sliding-window layer (window ``w``) the mask ``[q, n]``
-        of the keys ``j`` a row at position ``p`` sees: ``p - w < j ≤ p``."""
-        window = getattr(self.family.attention(self.model.layers[layer]).attn, "sliding_window", None)
+        over the keys at ``first_key .. first_key + n - 1`` that a row at position ``p`` sees: ``p - w < j ≤ p``."""
+        window = self._window(layer)
         if not window:
             return None
-        keys = torch.arange(n, device=positions.device)[None, :]
+        keys = torch.arange(first_key, first_key + n, device=positions.device)[None, :]
         return (keys <= positions[:, None]) & (keys > positions[:, None] - window)
+
+    def key_range(self, layer: int, positions: np.ndarray, n: int) -> tuple[int, int]:
+        """``(lo, hi)``: the keys rows at the sorted host ``positions`` can see among ``n``: ``0 .. max + 1``, in a
+        sliding-window layer (window ``w``) from ``min − w + 1``."""
+        window = self._window(layer)
+        lo = max(int(positions[0]) - window + 1, 0) if window else 0
+        return lo, min(n, int(positions[-1]) + 1)
 
 
 @torch.inference_mode()
-def induction_scores(model, length: int = 256, seed: int = 0) -> Tensor:
+def induction_scores(model, length: int = INDUCTION_PROBE[0], seed: int = INDUCTION_PROBE[1]) -> Tensor:
     """Per layer and head, the induction score of the vLLM model body ``model`` (a :class:`~.llama.FillModel`,
-    read through ``model.family``), ``[layers, H]`` float32: the reference's rule
-    (``ridgefill.select.induction_scores``): a seeded random sequence of ``length`` ids, repeated once, runs
+    read through ``model.family``), ``[layers, H]`` float32 (this rank's heads): the reference's rule
+    (``ridgefill.select.induction_scores``, the probe ``ridgefill.select.INDUCTION_PROBE``), for maps that do not hold
+    the scores (format version 1): a seeded random sequence of ``length`` ids, repeated once, runs
     through the exact model: each layer's own forward, with its attention (vLLM's ``Attention``, which reads the
     paged cache) replaced by dense causal attention over the sequence (within the layer's sliding window, if any);
     a head's score is the mean attention each token of the second copy pays to the token after its first

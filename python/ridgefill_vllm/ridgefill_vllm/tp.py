@@ -6,8 +6,9 @@ maps product are the same on every rank (vLLM's hidden states are whole on each 
 attention parts (``ridgefill.select.AttentionScores``) score heads, so the ranks exchange:
 
 - the induction scores of the heads (``[layers, H/T]`` per rank, gathered to ``[layers, H]``), once per
-  engine, so every rank keeps the same ``top_heads`` heads of all ``H`` and scores its own of them;
-- after each late layer's scoring, each attention part's row scores (``[N]`` per request): the maximum
+  engine, for maps that do not hold them (format version 2 does: the same on every rank), so every rank keeps
+  the same ``top_heads`` heads of all ``H`` and scores its own of them (:func:`local_heads`);
+- after each late layer with a kept head, each attention part's row scores (``[N]`` per request): the maximum
   over ranks (``heads="induction"``: the maximum over kept heads; ``"max"``: this layer's maximum over
   heads, added to the running sum) or their sum (``"sum"``).
 
@@ -39,15 +40,16 @@ def gather_heads(scores: Tensor, device) -> Tensor:
 
 
 def local_heads(scorers) -> None:
-    """Restrict each ``AttentionScores``' kept-heads mask (``[layers, H]``, chosen among every head) to this
-    rank's columns ``[layers, H/T]``, in place; nothing when ``T = 1`` or the part keeps every head."""
+    """Give each ``AttentionScores`` (its ``heads``: per layer, the kept heads' indices among every head ``0 .. H-1``)
+    this rank's kept heads, as indices among its own ``H/T`` (rank ``r`` holds heads ``r·H/T .. (r+1)·H/T − 1``), in
+    place, before it scores; nothing when ``T = 1``. Its K/V head of local head ``h`` is then ``h // (H / KV)`` (the
+    scorer's rule with the model's head counts): vLLM gives each rank ``KV/T`` K/V heads, or one when ``KV < T``."""
     world, rank = _world()
     if world == 1:
         return
     for sc in scorers:
-        if sc.heads is not None:
-            per = sc.heads.shape[1] // world
-            sc.heads = sc.heads[:, rank * per:(rank + 1) * per]
+        per = sc.adapter.num_heads // world
+        sc.heads = [[h - rank * per for h in heads if rank * per <= h < (rank + 1) * per] for heads in sc.heads]
 
 
 def combine_layer(scorer, before: Tensor) -> None:
