@@ -564,5 +564,9 @@ def test_auto_resolves_to_the_recorded_setting_else_on():
     assert resolve_auto("auto", "off") is None and resolve_auto("auto", "prompt").by == "leverage"
     assert resolve_auto("two-pass", "one-pass") == TWO_PASS_SELECT and resolve_auto("off", "on") is None
     assert resolve_auto(Select(), "off") == Select() and resolve_auto(None, "on") is None
+    # a model with recurrent-state layers: one-pass, or a recorded setting that runs one pass
+    assert resolve_auto("auto", None, recurrent=True) == ONE_PASS_SELECT
+    assert resolve_auto("auto", "two-pass", recurrent=True) == ONE_PASS_SELECT
+    assert resolve_auto("auto", "off", recurrent=True) is None and resolve_auto("auto", "prompt", True).by == "leverage"
     with pytest.raises(InputError, match="key=value"):
         resolve_auto("auto", "sideways")

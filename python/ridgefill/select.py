@@ -917,8 +917,9 @@ def resolve_auto(select: "str | Select | Selection | None", recorded: str | None
         InputError: as :func:`as_select` (a bad spec, given or recorded).
     """
     if isinstance(select, str) and select.strip() == "auto":
-        chosen = as_select(recorded) if recorded is not None else None
-        if chosen is not None and (not recurrent or as_selection(chosen).passes == 1):
-            return chosen
+        if recorded is not None:
+            chosen = as_select(recorded)
+            if chosen is None or not recurrent or as_selection(chosen).passes == 1:
+                return chosen
         return as_select("one-pass" if recurrent else "on")
     return as_select(select)
