@@ -6,16 +6,16 @@ Runs in the project's main environment (``transformers`` 5.24), not in the vLLM 
 2. fits small maps (``--calib-tokens`` calibration tokens of the calibration novels, split ``--split``)
    or reuses ``--maps`` when that file exists,
 3. for evaluation-text prompts of the given lengths, runs ``ridgefill.prefill`` (mode ``ridge``, the
-   last ``--tail`` rows exact), without row selection, with the default one (``select="on"``: the rows
-   it chose are recorded) and with ``select="auto"`` against a copy of the maps that records the one-pass
-   setting (``one_pass``: the rows ``ridgefill.select.ONE_PASS_SELECT`` chooses), and ``generate_after`` (greedy),
+   last ``--tail`` rows exact), without row selection, with the default one (``select="on"``, one pass: the rows it chose are
+   recorded) and with ``select="auto"`` against a copy of the maps that records the two-pass setting
+   (``two_pass``: the rows ``ridgefill.select.TWO_PASS_SELECT`` chooses), and ``generate_after`` (greedy),
 4. builds ``--needle-trials`` single-needle prompts of ``--needle-length`` tokens (the cases of
    ``ridgefill eval needles``, needle in the filled rows, question in the last ``--needle-tail`` tokens),
 
 and writes a JSON file: ``model_dir``, ``maps``, ``split``, ``tail``, per prompt its token ids, the
 top-``k`` log-probabilities of the first generated token (float64 log-softmax of the last row's logits)
-and the greedy continuation (under ``select`` and ``one_pass`` the same with selection, and the chosen rows),
-``maps_one_pass`` the maps copy recording ``"select": "one-pass"``, and per
+and the greedy continuation (under ``select`` and ``two_pass`` the same with selection, and the chosen rows),
+``maps_two_pass`` the maps copy recording ``"select": "two-pass"``, and per
 needle prompt its token ids and answer; ``prefix_sequence`` holds four requests sharing prefixes (the first
 prompt, its first 600 tokens then 200 others, its first 300, itself again) with their selection results. ``tests_vllm/conftest.py`` runs it once per pytest run.
 
@@ -77,11 +77,11 @@ def main(argv: list[str] | None = None) -> None:
         maps = calibrate(model, tok, {k: texts[k] for k in CALIBRATION_BOOKS}, split=args.split,
                          tokens=args.calib_tokens, model_name=name, progress=False, context=args.context)
         maps.save(maps_path)
-    one_pass_path = maps_path.with_name(maps_path.stem + "-one-pass.safetensors")  # maps tuned to one-pass selection
+    two_pass_path = maps_path.with_name(maps_path.stem + "-two-pass.safetensors")  # maps tuned to two-pass selection
     tuned = load_maps(maps_path)
-    tuned.meta["select"] = "one-pass"
-    tuned.save(one_pass_path)
-    tuned = load_maps(one_pass_path)
+    tuned.meta["select"] = "two-pass"
+    tuned.save(two_pass_path)
+    tuned = load_maps(two_pass_path)
     text = load_texts()[EVALUATION_BOOKS[0]]
     ids_all = tok(text[:200_000])["input_ids"]
     prompts, start = [], 5000
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         start += n + 1000
         tail = min(args.tail, n)
         entry = {"ids": ids[0].tolist(), **_outcome(model, ids, maps, tail, "off", args)}
-        entry["select"] = _outcome(model, ids, maps, tail, "on", args)  # the default selection
-        entry["one_pass"] = _outcome(model, ids, tuned, tail, "auto", args)  # the maps' recorded one-pass setting
+        entry["select"] = _outcome(model, ids, maps, tail, "on", args)  # the default selection (one pass)
+        entry["two_pass"] = _outcome(model, ids, tuned, tail, "auto", args)  # the maps' recorded two-pass setting
         prompts.append(entry)
     prefix_sequence = []  # requests sharing prefixes (tests_vllm/test_selection.py: prefix caching with selection)
     a, b = prompts[0]["ids"], prompts[1]["ids"]
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
                          rng=case_rng(0, "single", args.needle_length, trial),
                          depth=case_depth("single", trial, args.needle_trials))
         needles.append({"ids": case.input_ids.tolist(), "answer": case.answer, "depth": case.depth})
-    out = {"model_dir": str(model_dir), "maps": str(maps_path.resolve()), "maps_one_pass": str(one_pass_path.resolve()),
+    out = {"model_dir": str(model_dir), "maps": str(maps_path.resolve()), "maps_two_pass": str(two_pass_path.resolve()),
            "split": maps.split, "tail": args.tail,
            "dtype": "float32", "prompts": prompts, "prefix_sequence": prefix_sequence, "needles": needles, "needle_tail": args.needle_tail}
     text_out = json.dumps(out)

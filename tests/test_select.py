@@ -522,8 +522,11 @@ def test_ngram_parse_and_spec():
     assert Select.parse("ngram").min_score == 3 and Select().min_score == 0
     from ridgefill.select import DEFAULT_SELECT
     assert Select.parse("on") is DEFAULT_SELECT and DEFAULT_SELECT.total == 0.05
-    assert str(DEFAULT_SELECT) == ("ngram,budget=0.02+budget=0.02,reference=63+budget=0.03,before=0,after=3,"
-                                   "queries=256,contrast=0+total=0.05")  # the spec docs/evaluate.md measured
+    assert str(DEFAULT_SELECT) == ("ngram,budget=0.02+budget=0.02,by=predicted,reference=63+budget=0.03,before=0,"
+                                   "after=3,queries=256,contrast=0,by=predicted+total=0.05")  # docs/evaluate.md's one-pass
+    from ridgefill.select import TWO_PASS_SELECT
+    assert str(TWO_PASS_SELECT) == ("ngram,budget=0.02+budget=0.02,reference=63+budget=0.03,before=0,after=3,"
+                                    "queries=256,contrast=0+total=0.05")
     from ridgefill.select import PROMPT_PRESET, parse_setting  # the named settings of the command line
     assert parse_setting("on") is DEFAULT_SELECT and parse_setting("off") is None
     assert parse_setting("prompt") == Select(**PROMPT_PRESET)
@@ -557,10 +560,14 @@ def test_ngram_parse_and_spec():
 
 def test_auto_resolves_to_the_recorded_setting_else_on():
     """``resolve_auto`` (``prefill``'s ``select``, the vLLM plugin's and ``export-vllm``'s): ``"auto"`` is the setting a
-    maps file records, else ``"on"``; any other setting stands as given; a recorded spec that does not parse is refused."""
+    maps file records, else ``"on"`` (one pass), or two-pass with K/V maps; any other setting stands as given; a
+    recorded spec that does not parse is refused."""
     from ridgefill.select import ONE_PASS_SELECT, TWO_PASS_SELECT, resolve_auto
 
-    assert resolve_auto("auto", None) == DEFAULT_SELECT and resolve_auto(" auto ", "one-pass") == ONE_PASS_SELECT
+    assert resolve_auto("auto", None) == DEFAULT_SELECT == ONE_PASS_SELECT
+    assert resolve_auto(" auto ", "two-pass") == TWO_PASS_SELECT
+    assert resolve_auto("auto", None, inputs=False) == TWO_PASS_SELECT  # K/V maps predict no queries
+    assert resolve_auto("auto", "one-pass", inputs=False) == ONE_PASS_SELECT  # a recorded setting stands
     assert resolve_auto("auto", "off") is None and resolve_auto("auto", "prompt").by == "leverage"
     assert resolve_auto("two-pass", "one-pass") == TWO_PASS_SELECT and resolve_auto("off", "on") is None
     assert resolve_auto(Select(), "off") == Select() and resolve_auto(None, "on") is None

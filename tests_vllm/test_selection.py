@@ -1,7 +1,7 @@
 """Row selection served by vLLM (``"select"`` left at its default, ``"auto"``: the maps' recorded setting, else
-``"on"``) against the reference ``ridgefill.prefill``: with ``select="on"`` (the maps record none) the same chosen rows,
-the same first-token log-probabilities and greedy tokens, with and without chunked prefill; with maps that record the
-one-pass setting the same for ``select="auto"`` (one pass of the late layers); filled-region needles through
+``"on"``, one pass) against the reference ``ridgefill.prefill``: with ``select="on"`` (the maps record none) the same
+chosen rows, the same first-token log-probabilities and greedy tokens, with and without chunked prefill; with maps that
+record the two-pass setting the same for ``select="auto"`` (two passes of the late layers); filled-region needles through
 ``LLM.generate`` beside the plain fill and the exact model; prefix caching with selection on.
 
 Model: the bundled SmolLM2-135M-Instruct (float32), maps at S = 15 (``scripts/vllm_reference.py``). The engines
@@ -40,14 +40,14 @@ def _engine(name, engine, prompts=None, maps="maps", **extra):
     return build
 
 
-#: Selection on, chunked prefill off: each prompt in one step (the 700-token one alone, then the other two
+#: Selection on (one pass), chunked prefill off: each prompt in one step (the 700-token one alone, then the other two
 #: together beside its decoding).
 _engine("select", {}, fill_state=True)
 #: Selection on, chunked prefill at 256 tokens per step: the 700-token prompt selects in its third chunk, over rows
 #: of the two before; the others are chunked beside it and beside decoding tokens.
 _engine("select-chunked", {"enable_chunked_prefill": True, "max_num_batched_tokens": 256})
-#: The maps recording the one-pass setting (``select`` at its default, ``auto``), chunked prefill at 256 tokens per step.
-_engine("select-one-pass", {"enable_chunked_prefill": True, "max_num_batched_tokens": 256}, maps="maps_one_pass")
+#: The maps recording the two-pass setting (``select`` at its default, ``auto``), chunked prefill at 256 tokens per step.
+_engine("select-two-pass", {"enable_chunked_prefill": True, "max_num_batched_tokens": 256}, maps="maps_two_pass")
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +61,8 @@ def select_chunked(bundled):
 
 
 @pytest.fixture(scope="module")
-def select_one_pass(bundled):
-    return bundled["select-one-pass"]
+def select_two_pass(bundled):
+    return bundled["select-two-pass"]
 
 
 def _assert_equals_reference(out, refs, tol=5e-4):
@@ -78,28 +78,28 @@ def _assert_equals_reference(out, refs, tol=5e-4):
 
 
 def test_selection_chooses_the_reference_rows_and_equals_its_prefill(reference, select_whole):
-    """The rows the plugin's selection makes exact are those ``ridgefill.prefill(select="on")`` chooses, and
+    """The rows the plugin's selection makes exact are those ``ridgefill.prefill(select="on")`` chooses (one pass), and
     the first-token log-probabilities are within 5e-4 of it, with 12 greedy tokens equal."""
     refs = [p["select"] for p in reference["prompts"]]
     assert sorted(map(tuple, _selected(select_whole["steps"]))) == sorted(tuple(r["selected"]) for r in refs)
     assert all(len(r["selected"]) > 0 for r in refs)  # selection chose rows on every prompt
-    assert [s["passes"] for s in select_whole["steps"] if "selected" in s] == [2, 2]  # two passes of the late layers
+    assert [s["passes"] for s in select_whole["steps"] if "selected" in s] == [1, 1]  # one pass of the late layers
     _assert_equals_reference(select_whole, refs)
 
 
-def test_one_pass_selection_the_maps_record_chooses_the_reference_rows(reference, select_one_pass):
-    """Maps that record the one-pass setting, ``select`` at its default (``auto``): the plugin chooses the rows
-    ``ridgefill.prefill(select="auto")`` chooses with those maps (``ONE_PASS_SELECT``: before the late layers, from the
-    tail's predicted queries over every row's predicted keys; other rows than two-pass on two of the prompts), runs the
-    late layers once per selecting step, chunked at 256 tokens, and its first-token log-probabilities are within 5e-4
-    of the reference, with 12 greedy tokens equal."""
-    refs = [p["one_pass"] for p in reference["prompts"]]
-    assert sorted(map(tuple, _selected(select_one_pass["steps"]))) == sorted(tuple(r["selected"]) for r in refs)
+def test_two_pass_selection_the_maps_record_chooses_the_reference_rows(reference, select_two_pass):
+    """Maps that record the two-pass setting, ``select`` at its default (``auto``): the plugin chooses the rows
+    ``ridgefill.prefill(select="auto")`` chooses with those maps (``TWO_PASS_SELECT``: the attention parts scored in a
+    first pass of the late layers; other rows than one-pass on two of the prompts), runs the late layers twice per
+    selecting step, chunked at 256 tokens, and its first-token log-probabilities are within 5e-4 of the reference,
+    with 12 greedy tokens equal."""
+    refs = [p["two_pass"] for p in reference["prompts"]]
+    assert sorted(map(tuple, _selected(select_two_pass["steps"]))) == sorted(tuple(r["selected"]) for r in refs)
     assert all(len(r["selected"]) > 0 for r in refs)
     assert sum(r["selected"] != p["select"]["selected"] for r, p in zip(refs, reference["prompts"])) >= 2
-    steps = [s for s in select_one_pass["steps"] if "selected" in s]
-    assert len(steps) >= 1 and all(s["passes"] == 1 for s in steps)
-    _assert_equals_reference(select_one_pass, refs)
+    steps = [s for s in select_two_pass["steps"] if "selected" in s]
+    assert len(steps) >= 1 and all(s["passes"] == 2 for s in steps)
+    _assert_equals_reference(select_two_pass, refs)
 
 
 def test_selection_with_chunked_prefill_equals_one_step_per_prompt(reference, select_whole, select_chunked):

@@ -11,7 +11,7 @@ MODEL = "smollm2"
 #: Exact rows at the end of every prompt (``tail``).
 TAIL = 256
 #: Row selection (``select``): ``"auto"``, the setting the maps record (``ridgefill tune`` writes it), else ``"on"``
-#: (:data:`ridgefill.select.DEFAULT_SELECT`).
+#: (:data:`ridgefill.select.DEFAULT_SELECT`, the one-pass selection; two-pass with K/V maps).
 SELECT = "auto"
 #: What the maps read: ``1``, context maps ``[h_S(t), h_S(t−1)]``; ``0``, the row's own ``h_S(t)``.
 CONTEXT = 1

@@ -203,8 +203,9 @@ def prefill(model: torch.nn.Module, input_ids: Tensor, maps: RidgeMaps | None = 
         tail: rows at the end of the prompt that run the full model (``1 ≤ tail ≤ N``; default 256).
         exact_rows: further absolute positions that run the full model.
         select: row selection (:mod:`ridgefill.select`): ``"auto"`` (the default: the setting the maps record,
-            :attr:`~ridgefill.maps.RidgeMaps.select`, else ``"on"``), ``"on"`` (query-aware: the question must be
-            in the tail; :data:`~ridgefill.select.DEFAULT_SELECT`), ``"two-pass"`` / ``"one-pass"``,
+            :attr:`~ridgefill.maps.RidgeMaps.select`, else ``"on"``; ``"two-pass"`` with K/V maps), ``"on"``
+            (query-aware, one pass: the question must be in the tail; :data:`~ridgefill.select.DEFAULT_SELECT`),
+            ``"one-pass"`` (the same), ``"two-pass"`` (the attention parts scored in a first pass of the late layers),
             ``"prompt"`` (query-agnostic), ``"off"``/``None``, a spec string of
             :meth:`~ridgefill.select.Select.parse`, or a :class:`~ridgefill.select.Select` /
             :class:`~ridgefill.select.Selection`. Ignored in mode ``"exact"``, where every row is exact. The
@@ -262,7 +263,7 @@ def prefill_instrumented(model: torch.nn.Module, input_ids: Tensor, maps: RidgeM
         raise InputError(f"input_ids must be an int64 tensor [batch, rows]; got {got}")
     if maps is not None and not isinstance(maps, RidgeMaps):
         raise InputError(f"maps must be a RidgeMaps (ridgefill.load_maps) or None; got {type(maps).__name__}")
-    select = None if mode == "exact" else resolve_select(select, maps, bool(adapter_for(model).recurrent_layers))
+    select = None if mode == "exact" else resolve_select(select, maps, bool(adapter_for(model).recurrent_layers), mode)
     if select is not None and mode == "none" and any(p.by in ("attention", "predicted") for p in as_selection(select).parts):
         raise InputError(f"select {select} has attention parts, which score the filled rows' late-layer K/V; mode "
                          "'none' writes none: pass select='off' (or make every part by='leverage' or 'ngram')")
@@ -368,12 +369,13 @@ def _bind(result: PrefillResult, exact: np.ndarray, ids: np.ndarray) -> PrefillR
     return result
 
 
-def resolve_select(select, maps: RidgeMaps | None, recurrent: bool = False):
+def resolve_select(select, maps: RidgeMaps | None, recurrent: bool = False, mode: str = "ridge"):
     """``select`` as :func:`prefill` reads it: ``"auto"`` is the setting recorded in ``maps`` (``ridgefill tune``
-    writes it, :attr:`RidgeMaps.select`), else ``"on"`` (two-pass), or ``"one-pass"`` on a model with
-    recurrent-state layers (``recurrent``); anything else as :func:`~ridgefill.select.as_select`
-    (:func:`~ridgefill.select.resolve_auto`)."""
-    return resolve_auto(select, maps.select if maps is not None else None, recurrent)
+    writes it, :attr:`RidgeMaps.select`), else ``"on"`` (one pass), or ``"two-pass"`` where mode ``"ridge"`` reads
+    K/V maps, or ``"one-pass"`` on a model with recurrent-state layers (``recurrent``); anything else as
+    :func:`~ridgefill.select.as_select` (:func:`~ridgefill.select.resolve_auto`)."""
+    inputs = mode != "ridge" or maps is None or maps.kind == "inputs"
+    return resolve_auto(select, maps.select if maps is not None else None, recurrent, inputs)
 
 
 def _pad_id(model: torch.nn.Module) -> int | None:

@@ -11,7 +11,9 @@ attention``, ``Select()``). A lexical part (``by="ngram"``) chooses, before the 
 that end a sequence of tokens the question repeats; a query-agnostic part (``by="leverage"``) chooses
 rows from the prompt alone. The default (:data:`DEFAULT_SELECT`, ``--select on``) is a lexical part
 with up to 2 % of the prompt, then two attention parts (:data:`KEY_TOKEN_PARTS`, one for needles, one for the
-tail's key tokens) up to 5 % in all.
+tail's key tokens) up to 5 % in all, scored one pass (``by="predicted"``: the tail's predicted late-layer queries
+over every row's predicted keys, before the late layers run; :data:`ONE_PASS_SELECT`); ``--select two-pass``
+scores them in a first pass of the late layers (:data:`TWO_PASS_SELECT`).
 
 Given the chosen rows, the result is the one-pass fill with those rows as ``exact_rows`` (tests and
 crossval check it); the choice itself depends on the whole prompt, so which rows are exact is not
@@ -431,9 +433,10 @@ ONE_PASS_SELECT = Selection((Select(**NGRAM_PRESET, budget=0.02),
                                for p in KEY_TOKEN_PARTS)), total=0.05)
 
 #: The selection ``--select on`` names everywhere (``ridgefill run``'s and ``prefill``'s default through
-#: ``auto`` when the maps record none; ``ridgefill bench``, ``generate``, ``eval``): :data:`TWO_PASS_SELECT`
-#: (docs/evaluate.md, "One pass or two", has the comparison that decides it).
-DEFAULT_SELECT = TWO_PASS_SELECT
+#: ``auto`` when the maps record none; ``ridgefill bench``, ``generate``, ``eval``): :data:`ONE_PASS_SELECT`
+#: (docs/evaluate.md, "One pass or two", has the comparison that decides it). K/V maps cannot predict the
+#: queries it scores with: ``auto`` takes :data:`TWO_PASS_SELECT` with them (:func:`resolve_auto`).
+DEFAULT_SELECT = ONE_PASS_SELECT
 
 
 def _host(x, dtype) -> np.ndarray:
@@ -907,11 +910,12 @@ def as_select(value: "str | Select | Selection | None") -> "Select | Selection |
 
 
 def resolve_auto(select: "str | Select | Selection | None", recorded: str | None,
-                 recurrent: bool = False) -> "Select | Selection | None":
+                 recurrent: bool = False, inputs: bool = True) -> "Select | Selection | None":
     """``select`` as :func:`ridgefill.prefill` and the vLLM plugin read it: ``"auto"`` is ``recorded`` (the setting a
     maps file records, :attr:`ridgefill.maps.RidgeMaps.select`, written by ``ridgefill tune``), else ``"on"``
-    (two-pass); on a model with recurrent-state layers (``recurrent``) a recorded setting only if it runs one
-    pass, else ``"one-pass"``; anything else as :func:`as_select`.
+    (:data:`DEFAULT_SELECT`, one pass), or ``"two-pass"`` where the fill reads K/V maps (``inputs`` false: they
+    predict no queries to score with); on a model with recurrent-state layers (``recurrent``) a recorded setting
+    only if it runs one pass, else ``"one-pass"``; anything else as :func:`as_select`.
 
     Raises:
         InputError: as :func:`as_select` (a bad spec, given or recorded).
@@ -921,5 +925,5 @@ def resolve_auto(select: "str | Select | Selection | None", recorded: str | None
             chosen = as_select(recorded)
             if chosen is None or not recurrent or as_selection(chosen).passes == 1:
                 return chosen
-        return as_select("one-pass" if recurrent else "on")
+        return as_select("one-pass" if recurrent else "on" if inputs else "two-pass")
     return as_select(select)

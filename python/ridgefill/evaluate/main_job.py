@@ -18,7 +18,8 @@ the last ``tail`` rows are exact. Reported per mode:
   shows it.
 
 Systems: every mode of :data:`ridgefill.fill.MODES`, plus ``ridge+sel``: the ridge fill with the
-default row selection (:data:`ridgefill.select.DEFAULT_SELECT`: n-gram match with the question, then the key-token rule's attention parts), which makes a few more rows
+default row selection (:data:`ridgefill.select.DEFAULT_SELECT`: n-gram match with the question, then the key-token
+rule's attention parts, scored in one pass from predicted queries), which makes a few more rows
 exact (reported as ``extra rows``, a share of the prompt).
 """
 
