@@ -463,3 +463,17 @@ def test_eval_splice_cli_on_a_hybrid_model(tmp_path, capsys):
     assert main(["report", str(out / "splice.json"), "--out", str(out / "report")]) == 0
     md = (out / "report" / "report.md").read_text()
     assert "exact recurrent state" in md and "| 1 | 3 |" in md
+
+
+def test_tune_offers_no_two_pass_setting_on_a_hybrid_model():
+    """``ridgefill tune``'s settings on a model with recurrent-state layers: by default the plain fill and one-pass
+    (two-pass dropped); a named two-pass setting is refused before the calibration pass, naming the fix."""
+    from ridgefill.evaluate.tune import TUNE_SELECTS, selects_for
+    from ridgefill.select import ONE_PASS_SELECT
+
+    model = build("qwen3_next")
+    assert "two-pass" in TUNE_SELECTS
+    assert selects_for(model, None) == {"off": None, "one-pass": ONE_PASS_SELECT}
+    assert list(selects_for(model, ("off", "on"))) == ["off", "on"]  # 'on' is one pass
+    with pytest.raises(InputError, match="two-pass runs two passes.*--selects off,one-pass"):
+        selects_for(model, ("off", "two-pass"))

@@ -428,3 +428,14 @@ def test_tune_interrupted_says_how_to_resume(tmp_path, monkeypatch, capsys):
     assert e.value.code == 130
     err = capsys.readouterr().err
     assert "tune.checkpoint.safetensors" in err and "run the same command again to resume" in err
+
+
+def test_tune_settings_on_a_dense_model_are_the_defaults_or_those_named():
+    from ridgefill.evaluate.tune import TUNE_SELECTS, selects_for
+    from conftest import tiny_llama
+    from ridgefill.select import ONE_PASS_SELECT, TWO_PASS_SELECT
+
+    model = tiny_llama()
+    assert selects_for(model, None) == {"off": None, "one-pass": ONE_PASS_SELECT, "two-pass": TWO_PASS_SELECT}
+    assert tuple(selects_for(model, None)) == TUNE_SELECTS
+    assert selects_for(model, ("two-pass",)) == {"two-pass": TWO_PASS_SELECT}

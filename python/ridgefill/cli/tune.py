@@ -63,7 +63,8 @@ def add_subcommand(sub) -> None:
     p.add_argument("--no-multikey", action="store_true", help="single needles only")
     p.add_argument("--selects", type=_selects, default=None, metavar="SETTING,...",
                    help="row selection settings evaluated at every split, the cheapest that meets the budget at the "
-                        "fastest split is recorded in the maps (default off,one-pass,two-pass)")
+                        "fastest split is recorded in the maps (default off,one-pass,two-pass; "
+                        "off,one-pass on models with recurrent-state layers)")
     p.add_argument("--repeats", type=int, default=2, help="timed prefill pairs per split (default 2)")
     p.add_argument("--max-memory", type=float, default=None, metavar="GIB",
                    help="memory the statistics may take, GiB (default: the memory available now)")

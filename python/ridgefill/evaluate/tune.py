@@ -109,7 +109,7 @@ class TuneConfig:
     max_memory: int | None = None
     threads: int | None = None
     seed: int = 0
-    selects: tuple[str, ...] = TUNE_SELECTS
+    selects: tuple[str, ...] | None = None
 
 
 def default_splits(num_layers: int) -> list[int]:
@@ -252,7 +252,8 @@ def check_config(cfg: TuneConfig) -> None:
         raise InputError(f"--lam auto chooses λ on held-out chunks of {cfg.chunk} tokens, so --calib-tokens "
                          f"{cfg.calib_tokens} must be at least {2 * cfg.chunk}; raise --calib-tokens or give --lam")
     _check_no_repeats(cfg.splits)
-    check_selects(cfg.selects)
+    if cfg.selects is not None:
+        check_selects(cfg.selects)
     if cfg.max_memory is not None:
         check_int(cfg.max_memory, "--max-memory", lo=1)
     if not isinstance(cfg.budget, Budget):
@@ -285,6 +286,30 @@ def check_selects(selects: Sequence[str]) -> dict:
                              "the settings to compare, e.g. off,one-pass,two-pass")
         out[name] = parse_setting(name)
     return out
+
+
+def selects_for(model, selects: Sequence[str] | None) -> dict:
+    """:func:`check_selects` of ``selects`` on ``model``; ``None``: :data:`TUNE_SELECTS`, less the settings that run
+    two passes of the late layers on a model with recurrent-state layers (their state cannot rerun rows).
+
+    Raises:
+        InputError: as :func:`check_selects`; a named setting that runs two passes on a model with
+        recurrent-state layers (checked before the calibration pass).
+    """
+    from ..adapters import adapter_for
+    from ..select import as_selection
+
+    recurrent = bool(adapter_for(model).recurrent_layers)
+    two_pass = lambda sel: sel is not None and as_selection(sel).passes > 1  # noqa: E731
+    if selects is None:
+        return {name: sel for name, sel in check_selects(TUNE_SELECTS).items() if not (recurrent and two_pass(sel))}
+    settings = check_selects(selects)
+    refused = [name for name, sel in settings.items() if recurrent and two_pass(sel)]
+    if refused:
+        raise InputError(f"--selects {','.join(selects)}: {', '.join(refused)} runs two passes of the late layers, "
+                         "which a model with recurrent-state layers cannot (its state advances once over the rows): "
+                         "leave it out, e.g. --selects off,one-pass")
+    return settings
 
 
 def _check_creatable(folder: Path, flag: str) -> None:
@@ -432,6 +457,7 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
 
     model, tok, model_name = load_model(cfg.model)
     L, d = model.config.num_hidden_layers, model.config.hidden_size
+    settings = selects_for(model, cfg.selects)
     splits = check_splits(cfg.splits, L) if cfg.splits else default_splits(L)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos and cfg.doc_tokens + 16 > max_pos:
@@ -458,7 +484,6 @@ def tune(cfg: TuneConfig, progress: bool = True) -> dict:
     ckpt.unlink(missing_ok=True)
     first = fitted[splits[0]]
 
-    settings = check_selects(cfg.selects)
     suffixes = system_suffixes(settings)
     selections = [sel for sel in settings.values() if sel is not None]
     modes = ("ridge",) if any(sel is None for sel in settings.values()) else ()
