@@ -70,9 +70,10 @@ SPLIT_DEFAULT_HELP = ("default: " + ", ".join(f"{v} for {k}" for k, v in default
                       + ", chosen by `ridgefill tune`; else half the layers")
 
 SETTING_HELP = ("row selection: 'auto' (default: the setting the maps record, written by `ridgefill tune`, else "
-                "'on'), 'on' (query-aware: rows the question points at, up to 5%% of the prompt; the question must "
-                "be in the tail), 'two-pass' / 'one-pass' (the same, scored after a first pass of the late layers, "
-                "or before them from predicted queries: one pass), 'prompt' (query-agnostic: rows the maps "
+                "'on'; 'two-pass' with K/V maps), 'on' or 'one-pass' (query-aware: rows the question points at, up to 5%% "
+                "of the prompt, scored before the late layers from predicted queries, which then run once; the "
+                "question must be in the tail), 'two-pass' (the same, scored after a first pass of the late "
+                "layers), 'prompt' (query-agnostic: rows the maps "
                 "extrapolate on, for a document whose question comes later), 'off' (the plain fill); optionally "
                 "',budget=F', e.g. 'on,budget=0.1'")
 
