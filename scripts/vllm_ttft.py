@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="CPU: OpenMP threads of each engine's worker")
     ap.add_argument("--kv-cache-gb", type=int, default=2, help="CPU: VLLM_CPU_KVCACHE_SPACE per engine")
     ap.add_argument("--device-args", default="{}", help="JSON of extra vllm.LLM arguments (GPU: dtype, TP, memory)")
-    ap.add_argument("--select", default="on", help="the plugin's row selection: 'on' (default), 'off' or a spec")
+    ap.add_argument("--select", default="on", help="the plugin's row selection: 'on' (default: one pass), 'two-pass', 'off' or a spec")
     ap.add_argument("--no-chunked", action="store_true", help="chunked prefill off: each prompt in one step")
     ap.add_argument("--prefix-caching", action="store_true", help="prefix caching on (each timed prompt is new text)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (chunked prefill)")
