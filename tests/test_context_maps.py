@@ -231,6 +231,12 @@ def test_kv_context_maps_with_held_out_chunks_round_trip(tmp_path, model):
     assert back.kind == "kv" and back.context == 1 and torch.equal(back.weights, kv.weights)
     ids = torch.randint(0, 101, (1, 30), generator=torch.Generator().manual_seed(8))
     assert torch.equal(prefill(model, ids, back, tail=3, select=None).logits, prefill(model, ids, kv, tail=3, select=None).logits)
+    # selection: K/V maps predict no queries, so "auto" takes the two-pass selection and "on" (one pass) is refused
+    long = torch.randint(0, 101, (1, 200), generator=torch.Generator().manual_seed(9))
+    auto = prefill(model, long, back, tail=16).selected
+    assert auto.numel() > 0 and torch.equal(auto, prefill(model, long, back, tail=16, select="two-pass").selected)
+    with pytest.raises(InputError, match="K/V maps predict keys and values only.*two-pass"):
+        prefill(model, long, back, tail=16, select="on")
 
 
 def test_context_penalty_weighs_the_previous_row_block():

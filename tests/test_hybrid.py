@@ -474,6 +474,6 @@ def test_tune_offers_no_two_pass_setting_on_a_hybrid_model():
     model = build("qwen3_next")
     assert "two-pass" in TUNE_SELECTS
     assert selects_for(model, None) == {"off": None, "one-pass": ONE_PASS_SELECT}
-    assert list(selects_for(model, ("off", "on"))) == ["off", "on"]  # 'on' is one pass
+    assert list(selects_for(model, ("off", "on"))) == ["off", "one-pass"]  # 'on' is one pass
     with pytest.raises(InputError, match="two-pass runs two passes.*--selects off,one-pass"):
         selects_for(model, ("off", "two-pass"))

@@ -439,3 +439,6 @@ def test_tune_settings_on_a_dense_model_are_the_defaults_or_those_named():
     assert selects_for(model, None) == {"off": None, "one-pass": ONE_PASS_SELECT, "two-pass": TWO_PASS_SELECT}
     assert tuple(selects_for(model, None)) == TUNE_SELECTS
     assert selects_for(model, ("two-pass",)) == {"two-pass": TWO_PASS_SELECT}
+    assert selects_for(model, ("off", "on")) == {"off": None, "one-pass": ONE_PASS_SELECT}  # recorded as what it is
+    with pytest.raises(InputError, match="'one-pass' is the same selection as 'on'"):
+        selects_for(model, ("on", "one-pass"))

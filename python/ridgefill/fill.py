@@ -6,8 +6,9 @@ Data path for a prompt of ``N`` rows, split ``S``, ``L`` layers:
    rows row selection chooses) run every layer; the others are *filled*.
 2. Layers ``0..S`` run exactly on every row (causal attention, as in the plain forward). ``h_S``, the
    output of layer ``S``, is the split state.
-3. Row selection (``select``, :mod:`ridgefill.select`) adds rows to the plan: the lexical and
-   query-agnostic parts before the late layers, the attention parts after a first pass of the late layers.
+3. Row selection (``select``, :mod:`ridgefill.select`) adds rows to the plan: the lexical, query-agnostic and
+   one-pass parts (``by="predicted"``, the default's) before the late layers, the two-pass attention parts after
+   a first pass of the late layers.
 4. One step per late layer ``l > S``, by its kind:
 
    - **attention** (dense or sliding-window): every filled row the layer can read writes the layer's keys

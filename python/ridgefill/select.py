@@ -853,14 +853,15 @@ def parse_setting(value: str) -> "Select | Selection | str | None":
     """A named selection setting, ``NAME`` or ``NAME,budget=F``:
 
     - ``auto`` (the default): the setting recorded in the maps (``ridgefill tune`` writes it,
-      :attr:`ridgefill.maps.RidgeMaps.select`), else ``on``; returned as the string ``"auto"``, which
-      :func:`ridgefill.prefill` resolves against its maps.
-    - ``on`` (:data:`DEFAULT_SELECT`): query-aware; the question must be in the tail. With ``budget=F`` (a share
+      :attr:`ridgefill.maps.RidgeMaps.select`), else ``on`` (``two-pass`` with K/V maps); returned as the string
+      ``"auto"``, which :func:`ridgefill.prefill` resolves against its maps.
+    - ``on`` (:data:`DEFAULT_SELECT`, the same as ``one-pass``): query-aware, its attention parts scored before
+      the late layers from predicted queries; the question must be in the tail. With ``budget=F`` (a share
       of the prompt, ``0 < F < 1``) its parts are scaled so that they choose at most ``F`` of the prompt
       together (``0.05`` unscaled).
-    - ``two-pass`` (:data:`TWO_PASS_SELECT`), ``one-pass`` (:data:`ONE_PASS_SELECT`): the query-aware selection
-      with its attention parts scored after a first pass of the late layers, or before them from predicted
-      queries (one pass); ``budget=F`` as for ``on``.
+    - ``one-pass`` (:data:`ONE_PASS_SELECT`), ``two-pass`` (:data:`TWO_PASS_SELECT`): the query-aware selection
+      with its attention parts scored before the late layers (one pass), or after a first pass of them;
+      ``budget=F`` as for ``on``.
     - ``prompt``: query-agnostic, one pass: rows the maps extrapolate on, by the leverage of ``h_S`` under
       the calibration covariance (for a document whose question comes later); ``budget=F`` a share of
       the prompt or a row count (default ``0.05``). Finds rare spans only relative to the calibration text.

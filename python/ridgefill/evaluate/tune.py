@@ -279,12 +279,18 @@ def check_selects(selects: Sequence[str]) -> dict:
         raise InputError(f"--selects {selects!r}: give at least one selection setting, e.g. off,one-pass,two-pass")
     if len(set(selects)) != len(selects):
         raise InputError(f"--selects {list(selects)} repeats a setting: list each once")
-    out = {}
+    out, given = {}, {}
     for name in selects:
         if name.strip() == "auto":
             raise InputError("--selects: 'auto' follows the maps' recorded setting, which tune is choosing; name "
                              "the settings to compare, e.g. off,one-pass,two-pass")
-        out[name] = parse_setting(name)
+        sel = parse_setting(name)
+        same = [k for k, v in out.items() if v == sel]
+        if same:
+            raise InputError(f"--selects {','.join(selects)}: {name!r} is the same selection as "
+                             f"{given[same[0]]!r} ('on' is 'one-pass'): list each once")
+        key = "one-pass" if name.strip() == "on" else name  # the name the maps record: 'on' as what it is
+        out[key], given[key] = sel, name
     return out
 
 

@@ -79,7 +79,7 @@ def parse_select(value, recorded: str | None = None):
     selection = as_selection(chosen)
     if any(p.by == "leverage" for p in selection.parts):
         raise InputError(f"ridgefill select={value!r}{via} has a query-agnostic part (by=leverage, 'prompt'), which "
-                         "the vLLM plugin does not serve; use 'on' (or 'two-pass'), 'one-pass' or 'off'")
+                         "the vLLM plugin does not serve; use 'on' (or 'one-pass'), 'two-pass' or 'off'")
     return selection
 
 
