@@ -113,20 +113,20 @@ async def one(client, ids: list[int], gen: int) -> dict:
 async def at_rate(port: int, batch: list[list[int]], gen: int, rate: float) -> list[dict]:
     import openai
 
-    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=3600)
-    tasks = []
-    for i, ids in enumerate(batch):
-        tasks.append(asyncio.create_task(one(client, ids, gen)))
-        if i + 1 < len(batch):
-            await asyncio.sleep(1 / rate)
-    return list(await asyncio.gather(*tasks))
+    async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=3600) as client:
+        tasks = []
+        for i, ids in enumerate(batch):
+            tasks.append(asyncio.create_task(one(client, ids, gen)))
+            if i + 1 < len(batch):
+                await asyncio.sleep(1 / rate)
+        return list(await asyncio.gather(*tasks))
 
 
 async def one_at_a_time(port: int, batch: list[list[int]], gen: int) -> list[dict]:
     import openai
 
-    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=3600)
-    return [await one(client, ids, gen) for ids in batch]
+    async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=3600) as client:
+        return [await one(client, ids, gen) for ids in batch]
 
 
 def percentile(values: list[float], q: float) -> float:
