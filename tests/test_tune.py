@@ -440,5 +440,11 @@ def test_tune_settings_on_a_dense_model_are_the_defaults_or_those_named():
     assert tuple(selects_for(model, None)) == TUNE_SELECTS
     assert selects_for(model, ("two-pass",)) == {"two-pass": TWO_PASS_SELECT}
     assert selects_for(model, ("off", "on")) == {"off": None, "one-pass": ONE_PASS_SELECT}  # recorded as what it is
+    from ridgefill.select import as_select
+
+    for name in ("on,budget=0.1", "two-pass,budget=0.1", "prompt,budget=35"):  # what the maps file records parses back
+        ((recorded, sel),) = selects_for(model, (name,)).items()
+        assert as_select(recorded) == sel
+    assert list(selects_for(model, ("prompt,budget=35", "two-pass"))) == ["prompt,budget=35", "two-pass"]
     with pytest.raises(InputError, match="'one-pass' is the same selection as 'on'"):
         selects_for(model, ("on", "one-pass"))

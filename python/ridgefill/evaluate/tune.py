@@ -271,27 +271,42 @@ def check_config(cfg: TuneConfig) -> None:
 
 def check_selects(selects: Sequence[str]) -> dict:
     """``{name: Select, Selection or None}`` of the named selection settings ``ridgefill tune`` evaluates: at least
-    one, each a name of :func:`ridgefill.select.parse_setting` other than ``auto``, no repeats. Raises
-    :class:`InputError`."""
+    one, each a name of :func:`ridgefill.select.parse_setting` other than ``auto``, no two the same selection; keyed
+    by the setting a maps file records (:func:`_recorded_name`). Raises :class:`InputError`."""
     from ..select import parse_setting
 
     if not selects or not all(isinstance(s, str) for s in selects):
         raise InputError(f"--selects {selects!r}: give at least one selection setting, e.g. off,one-pass,two-pass")
     if len(set(selects)) != len(selects):
         raise InputError(f"--selects {list(selects)} repeats a setting: list each once")
-    out, given = {}, {}
+    parsed = []
     for name in selects:
         if name.strip() == "auto":
             raise InputError("--selects: 'auto' follows the maps' recorded setting, which tune is choosing; name "
                              "the settings to compare, e.g. off,one-pass,two-pass")
         sel = parse_setting(name)
-        same = [k for k, v in out.items() if v == sel]
-        if same:
-            raise InputError(f"--selects {','.join(selects)}: {name!r} is the same selection as "
-                             f"{given[same[0]]!r} ('on' is 'one-pass'): list each once")
-        key = "one-pass" if name.strip() == "on" else name  # the name the maps record: 'on' as what it is
-        out[key], given[key] = sel, name
-    return out
+        twin = next((given for given, other in parsed if other == sel), None)
+        if twin is not None:
+            raise InputError(f"--selects {','.join(selects)}: {name!r} is the same selection as {twin!r} "
+                             "('on' is 'one-pass'): list each once")
+        parsed.append((name, sel))
+    return {_recorded_name(name, sel): sel for name, sel in parsed}
+
+
+def _recorded_name(name: str, sel) -> str:
+    """The setting a maps file records for ``name`` (parsed: ``sel``), as the maps reader parses it
+    (:func:`ridgefill.select.as_select`): ``on`` as what it is, ``one-pass``, so that the file keeps its meaning if
+    the default changes; a name the spec language reads as ``sel`` as given; else ``sel``'s spec (a named
+    selection with ``,budget=F``)."""
+    from ..select import as_select
+
+    head, sep, rest = name.partition(",")
+    if head.strip() == "on":
+        name = f"one-pass{sep}{rest}"
+    try:
+        return name if as_select(name) == sel else str(sel)
+    except InputError:
+        return str(sel)
 
 
 def selects_for(model, selects: Sequence[str] | None) -> dict:
