@@ -348,6 +348,24 @@ def test_exported_certificates_have_a_size_limit(tmp_path):
     assert not (tmp_path / "big.lean").exists() and not (tmp_path / "small-limit.lean").exists()
 
 
+def test_cli_generate_prints_the_selection_it_ran(byte_model, tmp_path, monkeypatch, capsys):
+    """``ridgefill generate`` names the selection ``auto`` resolved to (the maps record none: one pass)."""
+    from ridgefill import defaults
+    from ridgefill.cli import main
+
+    monkeypatch.setattr(defaults, "CHUNK", 128)
+    path = tmp_path / "m.safetensors"
+    assert main(["calibrate", "--model", str(byte_model / "model"), "--split", "2", "--tokens", "1024", "--context",
+                 "0", "--text", str(byte_model / "calib.txt"), "--out", str(path)]) == 0
+    capsys.readouterr()
+    args = ["generate", "--model", str(byte_model / "model"), "--prompt-file", str(byte_model / "p.txt"),
+            "--maps", str(path), "--tail", "8", "--max-new-tokens", "2"]
+    for select, shown in ((None, "one-pass"), ("off", "off"), ("two-pass", "two-pass")):
+        assert main(args + ([] if select is None else ["--select", select])) == 0
+        err = capsys.readouterr().err
+        assert f"chosen by selection {shown})" in err, err
+
+
 @pytest.fixture
 def no_model(monkeypatch):
     import ridgefill.data.models as models

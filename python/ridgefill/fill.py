@@ -52,7 +52,7 @@ from .adapters.base import record_sliding_windows, trim_sliding_windows, write_r
 from .errors import InputError, NonFiniteError
 from .maps import RidgeMaps, context_features, context_rows, predict_inputs
 from .select import (AttentionScores, Planner, Select, Selection, as_selection, check_leverage_stats,
-                     leverage_scores, read_scores, resolve_auto, uses_leverage)
+                     leverage_scores, read_scores, resolve_auto, runs_on_recurrent, uses_leverage)
 from .validate import check_choice, check_int, check_rows, prompt_digest
 
 __all__ = ["MODES", "PrefillResult", "RowPlan", "context_features", "exact_positions", "generate_after",
@@ -306,7 +306,7 @@ def prefill_instrumented(model: torch.nn.Module, input_ids: Tensor, maps: RidgeM
         if kv_hook is not None or (mode == "ridge" and maps.kind != "inputs"):
             raise InputError(f"this model has recurrent-state layers ({list(recurrent)}): kv_hook (splice tests) "
                              "and K/V maps cover attention layers only; use input maps")
-        if select is not None and as_selection(select).passes > 1:
+        if not runs_on_recurrent(select):
             raise InputError(f"this model has recurrent-state layers ({list(recurrent)}), whose state advances once "
                              f"over the rows in order, so rows cannot become exact after a first pass: select "
                              f"{select} has attention parts scored after one; use the one-pass selection "

@@ -409,6 +409,13 @@ def as_selection(select: "Select | Selection") -> Selection:
     return select if isinstance(select, Selection) else Selection((select,))
 
 
+def runs_on_recurrent(select: "Select | Selection | None") -> bool:
+    """Whether a model with recurrent-state layers can run ``select``: a recurrent layer's state advances once
+    over the rows in order, so every exact row must be known before the late layers run (one pass, or no
+    selection). ``prefill``, :func:`resolve_auto` and ``ridgefill tune`` decide by it."""
+    return select is None or as_selection(select).passes == 1
+
+
 #: The attention parts of the default (the "key-token rule", research/log.md, "Row selection"): 2 % of the
 #: prompt in wide windows where the last row's attention exceeds the 63 rows' before it (a needle), then 3 % in
 #: narrow windows (0 before, 3 after) where every one of the last 256 exact rows attends (the names and
@@ -839,6 +846,14 @@ SETTINGS = ("auto", "on", "two-pass", "one-pass", "prompt", "off")
 NAMED = {"two-pass": lambda: TWO_PASS_SELECT, "one-pass": lambda: ONE_PASS_SELECT}
 
 
+def setting_name(select: "Select | Selection | None") -> str:
+    """A resolved selection as a user names it: ``"off"`` for none, a named setting (:data:`NAMED`) where it is
+    one, else its spec (:meth:`Select.parse` reads it back)."""
+    if select is None:
+        return "off"
+    return next((name for name, make in NAMED.items() if make() == select), str(select))
+
+
 def _scaled(selection: Selection, budget: float, value: str) -> Selection:
     """``selection`` with its parts scaled so that they choose at most ``budget`` of the prompt together."""
     if not 0 < budget < 1:
@@ -924,7 +939,7 @@ def resolve_auto(select: "str | Select | Selection | None", recorded: str | None
     if isinstance(select, str) and select.strip() == "auto":
         if recorded is not None:
             chosen = as_select(recorded)
-            if chosen is None or not recurrent or as_selection(chosen).passes == 1:
+            if not recurrent or runs_on_recurrent(chosen):
                 return chosen
         return as_select("one-pass" if recurrent else "on" if inputs else "two-pass")
     return as_select(select)

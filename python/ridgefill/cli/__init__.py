@@ -247,8 +247,10 @@ def _cmd_generate(a) -> None:
     import torch  # heavy
 
     from ..data.models import load_model, load_tokenizer
-    from ..fill import generate_after, prefill
+    from ..adapters import adapter_for
+    from ..fill import generate_after, prefill, resolve_select
     from ..maps import load_maps
+    from ..select import setting_name
 
     maps = load_maps(a.maps) if a.maps and a.mode == "ridge" else None
     ids = torch.tensor([load_tokenizer(a.model)(prompt, add_special_tokens=True)["input_ids"]])
@@ -263,9 +265,11 @@ def _cmd_generate(a) -> None:
     res = prefill(model, ids, maps, tail=a.tail if a.mode == "ridge" else n, mode=a.mode, select=a.select)
     seconds = time.perf_counter() - t0
     chosen = 0 if res.selected is None else res.selected.numel()
+    setting = ("off" if a.mode == "exact" else
+               setting_name(resolve_select(a.select, maps, bool(adapter_for(model).recurrent_layers), a.mode)))
     print(f"prefill: {n} tokens in {seconds:.2f} s, mode {a.mode}: {res.num_filled} filled rows, "
           f"{res.exact_positions.numel()} exact rows ({a.tail if a.mode == 'ridge' else n} tail, {chosen} chosen by "
-          f"selection)", file=sys.stderr)
+          f"selection {setting})", file=sys.stderr)
     new = generate_after(model, ids, res, a.max_new_tokens)
     print(tok.decode(new[0], skip_special_tokens=True))
 

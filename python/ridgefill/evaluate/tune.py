@@ -318,14 +318,14 @@ def selects_for(model, selects: Sequence[str] | None) -> dict:
         recurrent-state layers (checked before the calibration pass).
     """
     from ..adapters import adapter_for
-    from ..select import as_selection
+    from ..select import runs_on_recurrent
 
     recurrent = bool(adapter_for(model).recurrent_layers)
-    two_pass = lambda sel: sel is not None and as_selection(sel).passes > 1  # noqa: E731
     if selects is None:
-        return {name: sel for name, sel in check_selects(TUNE_SELECTS).items() if not (recurrent and two_pass(sel))}
+        return {name: sel for name, sel in check_selects(TUNE_SELECTS).items()
+                if not recurrent or runs_on_recurrent(sel)}
     settings = check_selects(selects)
-    refused = [name for name, sel in settings.items() if recurrent and two_pass(sel)]
+    refused = [name for name, sel in settings.items() if recurrent and not runs_on_recurrent(sel)]
     if refused:
         raise InputError(f"--selects {','.join(selects)}: {', '.join(refused)} runs two passes of the late layers, "
                          "which a model with recurrent-state layers cannot (its state advances once over the rows): "
