@@ -9,3 +9,5 @@ public import KvaLean.Stability
 public import KvaLean.Rope
 public import KvaLean.Certificate
 public import KvaLean.CertExamples
+public import KvaLean.Masked
+public import KvaLean.GramCert

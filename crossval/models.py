@@ -98,3 +98,17 @@ def prompts(draw, min_rows: int = 2, max_rows: int = 40):
     tail = draw(st.integers(1, n))
     exact_rows = draw(st.lists(st.integers(0, n - 1), max_size=3, unique=True))
     return index, ids, split, tail, exact_rows
+
+
+def oracle_maps(ref, split: int, layers: int, rows: torch.Tensor) -> RidgeMaps:
+    """Maps that reproduce the true late-layer inputs of the prompt's ``rows`` (bool ``[N]``):
+    ``[h_S 1] [W; b] = x_l`` by least squares over those rows of every batch entry, an exact
+    interpolation when there are at most ``hidden`` of them and they are generic."""
+    h = ref.hidden_states[split + 1][:, rows].double().flatten(0, 1)
+    ha = torch.cat([h, torch.ones(h.shape[0], 1, dtype=h.dtype)], 1)
+    ws, bs = [], []
+    for layer in range(split + 1, layers):
+        sol = torch.linalg.lstsq(ha, ref.hidden_states[layer][:, rows].double().flatten(0, 1)).solution
+        ws.append(sol[:-1])
+        bs.append(sol[-1])
+    return RidgeMaps(split, torch.stack(ws).float(), torch.stack(bs).float(), [0.0] * len(ws))

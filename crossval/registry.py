@@ -89,6 +89,11 @@ RIGOROUS_CERTS = (_C + "test_rigorous_certificate_encloses_exact_residual_and_ga
 EXACT_CERTS = (_C + "test_exact_certificates_from_rational_data", _C + "test_committed_lean_certificates",
                _C + "test_real_model_certificates")
 LEAN_EXAMPLE = (_C + "test_certificate_lean_example",)
+_M = "test_masked_props.py::"
+MASK_EXACT = (_M + "test_kept_exact_entries_give_exact_rows",)
+MASK_NONE = (_M + "test_mode_none_changes_an_exact_row",)
+MASK_PEEK = (_M + "test_a_layer_reading_a_later_row_breaks_causality",)
+_RIGOROUS = ("ridgefill.certify.rigorous_certificate",)
 
 
 def _entries(file: str, names: str, python: tuple[str, ...], tests: tuple[str, ...], note: str = "") -> tuple[Entry, ...]:
@@ -231,6 +236,33 @@ REGISTRY: tuple[Entry, ...] = (
           "plain maps: a filled late row writes cache(f(h_S(t))), its own split state only"),
     Entry("KvaLean.Decoder.fillCache_ofContextMap", "KvaLean/Causality.lean", _CONTEXT_FILL, CONTEXT + NO_DROP,
           "context maps: a filled late row writes cache(f(h_S(t), h_S(t − 1))), zero before row 0"),
+    # ---- KvaLean/Masked.lean: layers read the cache through a visibility mask ------------------------
+    Entry("KvaLean.MDecoder.decode_entry_exact", "KvaLean/Masked.lean", _FILL, MASK_EXACT,
+          "(a) causal layers, every entry an exact row sees kept and every kept filled entry exact ⇒ decoding "
+          "an exact row over the kept entries is the exact model"),
+    Entry("KvaLean.MDecoder.fill_modes_cover", "KvaLean/Masked.lean", _FILL, MASK_EXACT + ENTRIES,
+          "the fill modes keep every entry an exact row sees (the coverage hypothesis of (a))"),
+    Entry("KvaLean.MDecoder.none_changes_exact_row", "KvaLean/Masked.lean", _FILL, MASK_NONE,
+          "(b) mode none drops an entry an exact row sees and changes its output (a concrete instance)"),
+    Entry("KvaLean.MDecoder.reads_later_row_not_causal", "KvaLean/Masked.lean", _FILL, MASK_PEEK,
+          "(c) a layer that reads a later row is a counterexample to causality"),
+    Entry("KvaLean.MDecoder.input_causal", "KvaLean/Masked.lean", _FILL, MASK_PEEK + CAUSAL,
+          "causal layers ⇒ the masked exact model is causal, whatever the prompt length"),
+    *_entries("Masked", "sees_le MDecoder.fillInput_exact MDecoder.decode_entry MDecoder.addFirst_causal", _FILL,
+              MASK_EXACT + MASK_NONE, "supporting lemma"),
+    # ---- KvaLean/GramCert.lean: the reasoning of ridgefill certify --rigorous ------------------------
+    Entry("KvaLean.gram_err_le_residual", "KvaLean/GramCert.lean", _RIGOROUS, RIGOROUS_CERTS,
+          "A = ½(G + Gᵀ) + λI ⪰ μI, A W★ = B + λW₀ ⇒ μ²‖W − W★‖²_F ≤ ‖A W − (B + λW₀)‖²_F (all columns)"),
+    Entry("KvaLean.gram_gap", "KvaLean/GramCert.lean", _RIGOROUS, RIGOROUS_CERTS,
+          "J(W) − J(W★) = ‖W − W★‖²_A for the Gram-form objective of the float64 statistics"),
+    Entry("KvaLean.gram_gap_le", "KvaLean/GramCert.lean", _RIGOROUS, RIGOROUS_CERTS,
+          "‖W − V‖²_A ≤ p², ‖A V − (B + λW₀)‖²_F ≤ μq² ⇒ J(W) − J(W★) ≤ (p + q)² (the gap through the float64 solve V)"),
+    Entry("KvaLean.bias_err_le", "KvaLean/GramCert.lean", _RIGOROUS, RIGOROUS_CERTS,
+          "‖b − (x̄ − h̄W★)‖ ≤ ‖b − (x̄ − h̄W)‖ + ‖h̄‖‖W − W★‖_F, in squared form"),
+    *_entries("GramCert", "frobSq_eq_cols dot_sub_left normSq_sub symAddDiag_symm quad_transpose dot_matVec_symm "
+              "matVec_symAddDiag quad_symAddDiag err_le_of_coercive_mat gramObj_eq_sum gram_col_gap normSq_add_le "
+              "quad_add_smul aNormSq_add_smul aNormSq_nonneg quad_le_residual cross_le_of_quad",
+              _RIGOROUS, RIGOROUS_CERTS, "supporting lemma"),
     # ---- KvaLean/Stability.lean: fill errors propagate with Lipschitz layers -------------------------
     Entry("KvaLean.Decoder.fill_err_le", "KvaLean/Stability.lean", _FILL, STABILITY + EXACT_ROWS + DECODE,
           "Lipschitz layers and caches: every input within B_l, every cache entry within K_c(B_l + δ) "

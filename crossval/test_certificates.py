@@ -291,7 +291,6 @@ def test_rigorous_certificate_encloses_exact_residual_and_gap(tmp_path):
     a, rhs, sxx, w, prior, gram, cross, lam_q = _exact_problem(solved, index, weights[index], lam)
     r_sq = _sq(_residual(a, w, rhs))
     lo, hi = Fraction(cert["residual_fro_lower"]), Fraction(cert["residual_fro_upper"])
-    assert lo * lo <= r_sq <= hi * hi and 0 < lo and hi <= lo * (1 + Fraction(1, 10 ** 9))
     # the float64 residual, within its own rounding (d + 2) eps ‖|A||W| + |B + λW₀|‖_F
     g64, b64, _ = solved.centred(index)
     a64 = g64 + lam * torch.eye(g64.shape[0], dtype=F64)
@@ -299,6 +298,8 @@ def test_rigorous_certificate_encloses_exact_residual_and_gap(tmp_path):
     w64 = weights[index].to(F64)
     r_float = float((a64 @ w64 - rhs64).norm())
     slack = (g64.shape[0] + 2) * EPS * float((a64.abs() @ w64.abs() + rhs64.abs()).norm())
+    # the enclosure holds the exact residual, and is as wide as the float error analysis allows, no wider
+    assert lo * lo <= r_sq <= hi * hi and 0 < lo and hi - lo <= 4 * Fraction(slack)
     assert cert["residual_fro_lower"] - slack <= r_float <= cert["residual_fro_upper"] + slack
     # μ ≤ λ_min(G + λI)
     assert 0 < cert["reg_eig_lower"] <= float(torch.linalg.eigvalsh(a64)[0])
@@ -314,7 +315,20 @@ def test_rigorous_certificate_encloses_exact_residual_and_gap(tmp_path):
     assert 0 <= gap <= Fraction(cert["excess_bound"])
     assert Fraction(cert["objective_lower"]) <= _objective(gram, cross, sxx, lam_q, prior, w) <= Fraction(
         cert["objective_upper"])
-    record(NUMERIC + ("KvaLean.ridge_err_le_residual", "KvaLean.ridge_gap"), len(certs))
+    # the bias (KvaLean.bias_err_le): b★ = x̄ − h̄ W★ exactly, for the float64 means the fit read
+    mh, mx = solved.means()
+    hbar, xbar = [Fraction(v) for v in mh.tolist()], [Fraction(v) for v in mx[index].tolist()]
+    b_s = [Fraction(v) for v in maps.biases[index].double().tolist()]
+
+    def intercept(m):
+        return [xbar[c] - sum((hbar[i] * m[i][c] for i in range(len(hbar))), Fraction(0)) for c in range(len(xbar))]
+
+    cons = sum(((u - v) ** 2 for u, v in zip(b_s, intercept(w))), Fraction(0))
+    assert cons <= Fraction(cert["bias_residual_upper"]) ** 2 and cert["bias_passed"]
+    assert sum(((u - v) ** 2 for u, v in zip(b_s, intercept(wstar))), Fraction(0)) <= Fraction(
+        cert["bias_error_bound"]) ** 2
+    record(NUMERIC + ("KvaLean.ridge_err_le_residual", "KvaLean.ridge_gap", "KvaLean.gram_err_le_residual",
+                      "KvaLean.gram_gap", "KvaLean.gram_gap_le", "KvaLean.bias_err_le"), len(certs))
     tally.example()
 
 
@@ -332,6 +346,16 @@ def test_rigorous_certificate_rejects_a_planted_weight(tmp_path, capsys):
     planted[3, 5] += 1e-2 * float(planted.abs().max())
     bad = rigorous_certificate(solved, index, planted, maps.lambdas[index])
     assert good["passed"] and not bad["passed"]
+    # a stored bias moved by 10⁻² ‖b‖_max: the weights pass, the bias does not (KvaLean.bias_err_le)
+    bias = maps.biases[index].double()
+    good_b = rigorous_certificate(solved, index, weights[index], maps.lambdas[index], bias=bias)
+    moved = bias.clone()
+    moved[2] += 1e-2 * float(moved.abs().max())
+    bad_b = rigorous_certificate(solved, index, weights[index], maps.lambdas[index], bias=moved)
+    assert good_b["passed"] and good_b["bias_passed"] and not bad_b["passed"] and not bad_b["bias_passed"]
+    assert bad_b["bias_residual_upper"] > 1e3 * good_b["bias_residual_upper"]
+    (msg_b,) = rigorous_failures(bad_b)
+    assert msg_b.startswith("the stored bias is") and "recalibrate" in msg_b
     assert bad["residual_fro_lower"] > 1e3 * good["residual_fro_upper"]
     assert bad["excess_bound"] > 1e6 * good["excess_bound"]
     (msg,) = rigorous_failures(bad)

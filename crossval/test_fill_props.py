@@ -26,6 +26,7 @@ from crossval.models import (
     VOCAB,
     fitted_maps,
     kv,
+    oracle_maps,
     prompts,
     reference,
     tiny_gemma3,
@@ -142,20 +143,6 @@ def test_no_filled_rows_is_exact_mode(prompt, mode, by_exact_rows):
         for got, want in zip(kv(res.cache, layer), kv(exact.cache, layer)):
             torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
     tally.example()
-
-
-def oracle_maps(ref, split: int, layers: int, rows: torch.Tensor) -> RidgeMaps:
-    """Maps that reproduce the true late-layer inputs of the prompt's ``rows`` (bool ``[N]``):
-    ``[h_S 1] [W; b] = x_l`` by least squares over those rows of every batch entry, an exact
-    interpolation when there are at most ``hidden`` of them and they are generic."""
-    h = ref.hidden_states[split + 1][:, rows].double().flatten(0, 1)
-    ha = torch.cat([h, torch.ones(h.shape[0], 1, dtype=h.dtype)], 1)
-    ws, bs = [], []
-    for layer in range(split + 1, layers):
-        sol = torch.linalg.lstsq(ha, ref.hidden_states[layer][:, rows].double().flatten(0, 1)).solution
-        ws.append(sol[:-1])
-        bs.append(sol[-1])
-    return RidgeMaps(split, torch.stack(ws).float(), torch.stack(bs).float(), [0.0] * len(ws))
 
 
 @given(prompts(), st.sampled_from(["ridge", "identity"]))

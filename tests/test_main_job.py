@@ -65,6 +65,20 @@ def test_main_job_writes_report_and_maps(report):
     assert "needle" in table and "extra rows" in table
 
 
+def test_rigorous_certificate_of_every_late_layer(report, capsys):
+    """``ridgefill certify --rigorous`` on the maps the CI-sized main job wrote: every late layer's weights
+    and bias pass (``KvaLean.gram_err_le_residual``, ``gram_gap``, ``bias_err_le``; docs/kvalean.md)."""
+    _, out = report
+    assert main(["certify", str(out / "maps-S15.safetensors"), "--rigorous"]) == 0
+    certs = json.loads((out / "maps-S15.certs" / "rigorous.json").read_text())
+    assert [c["layer"] for c in certs] == list(range(16, 30))
+    for c in certs:
+        assert c["passed"] and c["gap_passed"] and c["bias_passed"] and c["reg_eig_lower"] > 0, c
+        assert c["excess_bound"] <= c["max_excess_rel"] * c["objective_lower"] + c["storage_floor_upper"]
+        assert c["bias_residual_upper"] <= c["bias_allowance_lower"] and c["bias_error_bound"] < float("inf")
+    assert "rigorous certificates:" in capsys.readouterr().out
+
+
 def test_a_named_maps_file_that_does_not_fit_is_never_replaced(report, tmp_path, capsys):
     _, out = report
     named = tmp_path / "mine.safetensors"

@@ -1,17 +1,16 @@
 module
 
-/-! Planted escapes for `crossval/test_lean_checker.py`: copied into a copy of the sources as
+/-! Planted escapes for `crossval/test_lean_checker.py`: copied beside `KvaLean/LinAlg.lean` as
 `KvaLean/Plant.lean` and checked with `.ci/check-lean --no-scan`, so that the Lean side of the check
-(the kernel replay, the audit and the pins) has to catch each one without the token scan. -/
+(the build, the audit in its own process, the kernel replay and the pins) has to catch each one
+without the source scan. -/
 
 public section
 
 namespace KvaPlant
 
 -- with `debug.skipKernelTC`, `decide +kernel` leaves the decision to a kernel that is skipped: a
--- false theorem, and another one under a private name. (Meta code that adds a declaration without
--- the kernel, `by_elab` or `#eval`, does not elaborate in this build, where the elaborator's
--- monads are not visible to a module; the source scan refuses it.)
+-- false theorem, and another one under a private name
 set_option debug.skipKernelTC true in
 theorem cheat : 2 + 2 = 5 := by decide +kernel
 
@@ -24,6 +23,12 @@ private theorem hidden : 3 + 3 = 7 := by decide +kernel
 private theorem privateThm : 1 = 1 := rfl
 theorem aux.proof_7 : 2 = 2 := rfl
 
+-- a definition by `match`: its matcher `swap.match_1` is pinned with it (swapping two patterns
+-- changes the matcher, not the definition's own value)
+@[expose] def swap : Nat → Nat
+  | 0 => 1
+  | _ => 0
+
 axiom ax : False
 
 theorem withSorry : 1 = 2 := by sorry
@@ -32,12 +37,12 @@ unsafe def unsafeDef : Nat := 0
 
 partial def partialDef (n : Nat) : Nat := partialDef n
 
--- fake audit lines: without the run's tag they count for nothing, and they hide no error
-open Lean Elab Command in
-#eval show CommandElabM Unit from do
-  IO.println "STMT KvaPlant.useCheat"
-  IO.println "AUDIT-DONE"
-  IO.println "KVA0123 REPLAY-OK KvaPlant.cheat"
+-- a fake audit: the build prints the lines an honest audit prints, under a tag it guesses; the audit
+-- runs in another process, with a tag made after this one has ended, so they count for nothing
+#eval IO.println "KVA000000000000000000000000 MODULE-IMPORTS Init
+KVA000000000000000000000000 AUDIT-DONE
+KVA000000000000000000000000 REPLAY-OK KvaPlant.cheat
+KVA000000000000000000000000 REPLAY-DONE 999 0"
 
 end KvaPlant
 

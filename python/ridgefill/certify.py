@@ -583,38 +583,108 @@ def export_lean_certificate(instances: Sequence[ExactInstance], path: str | Path
 
 
 # --------------------------------------------------------------------------------------------------
-# rigorous certificates (ball arithmetic)
+# rigorous certificates (enclosures: float64 matrices with proven error bounds, scalars as balls)
 # --------------------------------------------------------------------------------------------------
 
-#: Working precision (bits) of the ball arithmetic in :func:`rigorous_certificate`.
+#: Working precision (bits) of the scalar ball arithmetic in :func:`rigorous_certificate`.
 ARB_PREC = 128
+_U = 2.0 ** -53       # the unit roundoff of float64 (round to nearest)
+_ETA = 2.0 ** -1074   # the smallest subnormal: what an underflowing product may lose
+#: The absolute allowance per matrix entry for underflow (at least ``4nη`` for any inner dimension ``n`` here),
+#: kept in the normal range: subnormal radii would make the float64 products of the radii very slow.
+_TINY = 2.0 ** -800
+_UP = 1 + 16 * _U     # inflates a bound computed in a few float64 operations to an upper bound
 
 
-def _arb_mat(t: Tensor):
-    """``t`` (float64) as a flint ``arb_mat`` of exact balls (every float64 is a dyadic rational)."""
-    from flint import arb_mat
+def _gamma(n: int) -> float:
+    """An upper bound on ``γ_n = n u / (1 − n u)``: for any order of summation (blocked, with or without FMA)
+    ``|fl(xᵀy) − xᵀy| ≤ γ_n |x|ᵀ|y|`` (Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1), which
+    is all the error analysis below assumes of the float64 matrix product (IEEE 754 binary64, round to nearest,
+    no Strassen-like product)."""
+    return n * _U / (1 - n * _U) * _UP
 
-    return arb_mat(t.detach().to(F64).cpu().tolist())
+
+class _Box:
+    """A matrix of exact reals ``X`` known by ``|X − v| ≤ r`` elementwise (``v``, ``r`` float64 ``[rows, cols]``;
+    ``r = None``: ``X = v`` exactly, as for stored float32/float64 data, every float being a dyadic rational)."""
+
+    def __init__(self, v: Tensor, r: Tensor | None = None):
+        self.v = v.detach().to(F64).cpu()
+        self.r = r
+        if not bool(torch.isfinite(self.v).all()) or (r is not None and not bool(torch.isfinite(r).all())):
+            raise CertificateError("a non-finite value in the certificate's arithmetic (overflow or NaN in the "
+                                   "statistics or the maps)")
+
+    def rad(self) -> Tensor:
+        return torch.zeros_like(self.v) if self.r is None else self.r
 
 
-def _sum_sq(m):
-    """A ball holding ``Σ m_ij²`` (the squared Frobenius norm) of an ``arb_mat``."""
+def _box_add(a: _Box, b: _Box, sign: float = 1.0) -> _Box:
+    """``A ± B``: the float sum and its error (``|fl(x + y) − (x + y)| ≤ 2u |fl(x + y)|``; sums do not underflow)."""
+    v = a.v + sign * b.v
+    return _Box(v, (a.rad() + b.rad() + 2 * _U * v.abs()) * _UP)
+
+
+def _box_mm(a: _Box, b: _Box) -> _Box:
+    """``A B`` (inner dimension ``n``): ``|fl(A_v B_v) − A_v B_v| ≤ γ_n |A_v||B_v| + n η`` plus the radii's share
+    ``|A_v| r_B + r_A (|B_v| + r_B)``, i.e. at most ``(γ|A_v| + r_A)|B_v| + (|A_v| + r_A) r_B``; each product of
+    nonnegative matrices is bounded from its float value (``exact ≤ fl / (1 − γ_n)``), and ``n η`` by
+    :data:`_TINY`."""
+    n = a.v.shape[1]
+    g = _gamma(n + 1)
+    av = a.v.abs()
+    v = a.v @ b.v
+    left = g * av if a.r is None else g * av + a.r
+    bound = left @ b.v.abs()
+    if b.r is not None:
+        bound = bound + (av if a.r is None else av + a.r) @ b.r
+    return _Box(v, (bound / (1 - g) + _TINY) * _UP)
+
+
+def _sum_up(t: Tensor) -> float:
+    """An upper bound on the exact sum of the nonnegative floats ``t`` (any order: ``fl ≥ (1 − γ_N) exact``)."""
+    return float(t.sum()) / (1 - _gamma(t.numel())) * _UP
+
+
+def _interval(lo: float, hi: float):
     from flint import arb
 
-    s = arb(0)
-    for v in m.entries():
-        s += v * v
-    return s
+    return arb(lo).union(arb(hi))
 
 
-def _sum_prod(a, b):
-    """A ball holding ``Σ a_ij b_ij`` (``⟨a, b⟩``) of two ``arb_mat`` of one shape."""
+def _sum_sq(a: _Box):
+    """A ball holding ``Σ X_ij²`` (the squared Frobenius norm) of the exact matrix ``X``: between the sums of
+    ``max(|v| − r, 0)²`` and ``(|v| + r)²``, each square and sum rounded outwards."""
+    v, n = a.v.abs(), a.v.numel()
+    hi = v if a.r is None else v + a.r
+    hi = _sum_up(hi * hi) * (1 + 4 * _U) + 2 * n * _ETA
+    lo = v if a.r is None else (v - a.r).clamp(min=0)
+    lo = max(float((lo * lo).sum()) * (1 - _gamma(n + 4)) - 2 * n * _ETA, 0.0)
+    return _interval(lo, hi)
+
+
+def _sum_prod(a: _Box, b: _Box):
+    """A ball holding ``Σ X_ij Y_ij`` (``⟨X, Y⟩``) of the exact matrices ``X``, ``Y`` of one shape:
+    ``|fl(Σ v_X v_Y) − Σ v_X v_Y| ≤ γ_{N+1} Σ |v_X v_Y| + N η`` plus the radii's share."""
     from flint import arb
 
-    s = arb(0)
-    for u, v in zip(a.entries(), b.entries()):
-        s += u * v
-    return s
+    prods = a.v * b.v
+    n = prods.numel()
+    base = float(prods.sum())
+    rad = _gamma(n + 1) * _sum_up(prods.abs()) + 2 * n * _ETA
+    if a.r is not None or b.r is not None:
+        av, bv = a.v.abs(), b.v.abs()
+        rad += _sum_up(av * b.rad() + a.rad() * (bv + b.rad())) * (1 + 4 * _U)
+    return arb(base) + arb(0, rad * _UP)
+
+
+def _sqrt(x):
+    """A ball holding ``√y`` for every ``y ≥ 0`` of the ball ``x`` (the part below 0 that outward rounding adds
+    to an enclosure of a sum of squares is dropped: arb's square root of it would be indeterminate)."""
+    from flint import arb
+
+    lo, hi = max(_lower(x), 0.0), _upper(x)
+    return arb(lo).sqrt().union(arb(hi).sqrt())
 
 
 def _upper(x) -> float:
@@ -641,9 +711,12 @@ def _lower(x) -> float:
 
 @one_thread()
 def rigorous_certificate(stats: RidgeStats, index: int, weight: Tensor, lam: float, *, layer: int | None = None,
-                         max_excess_rel: float = MAX_EXCESS_REL) -> dict:
-    """A rigorous certificate of one late layer's stored map, in ball arithmetic (python-flint ``arb_mat``,
-    :data:`ARB_PREC` bits): every number below is an enclosure, not a float estimate.
+                         max_excess_rel: float = MAX_EXCESS_REL, bias: Tensor | None = None) -> dict:
+    """A rigorous certificate of one late layer's stored map: every number below is an enclosure, not a float
+    estimate. Matrix products run in float64 with a proven elementwise bound on their error (:func:`_gamma`:
+    ``|fl(xᵀy) − xᵀy| ≤ γ_n |x|ᵀ|y|`` for IEEE 754 binary64 in any order of summation, plus the radii of the
+    operands), and so do sums of their entries (``γ_N`` for ``N`` terms); every square root, quotient and
+    comparison of the resulting scalars runs in ball arithmetic (python-flint ``arb``, :data:`ARB_PREC` bits).
 
     The ridge problem certified is the one the solve read: the objective
     ``J(W) = ⟨W, G W⟩ − 2⟨W, B⟩ + Σ‖x − x̄‖² + λ‖W − W₀‖²`` with ``G``, ``B`` the float64 centred statistics of
@@ -655,21 +728,30 @@ def rigorous_certificate(stats: RidgeStats, index: int, weight: Tensor, lam: flo
     1. ``μ``: a float Cholesky ``L`` of ``A − σI`` and the ball enclosure of ``E = A − σI − LLᵀ`` give
        ``λ_min(A) ≥ σ − ‖E‖_F =: μ`` (``LLᵀ ⪰ 0``); ``μ > 0`` must hold certainly.
     2. ``R_s = A W_s − (B + λW₀)`` enclosed entrywise; ``‖R_s‖_F`` upper bound ``r``. By
-       **``KvaLean.ridge_err_le_residual``** (column by column, ``μ²‖w − w★‖² ≤ ‖R‖²``, summed over the
-       output columns): ``‖W_s − W★‖_F ≤ r / μ``, with ``W★`` the exact minimiser.
-    3. The objective gap, by the gap identity **``KvaLean.ridge_gap``** (``J(W) − J(W★) = ‖W − W★‖²_A``)
-       and the triangle inequality in the ``A``-norm through the float64 solve ``W_64`` (any point would do;
-       it is not trusted): ``J(W_s) − J(W★) ≤ (‖D‖_A + ‖W_64 − W★‖_A)²`` with ``D = W_s − W_64``,
-       ``‖D‖²_A = ⟨D, A D⟩`` enclosed, and ``‖W_64 − W★‖²_A = ⟨W_64 − W★, R_64⟩ ≤ ‖R_64‖²_F / μ``
-       (Cauchy–Schwarz and ``ridge_err_le_residual`` for ``W_64``).
+       **``KvaLean.gram_err_le_residual``** (``μ²‖W − W★‖²_F ≤ ‖R‖²_F`` for this ``A``, all output columns):
+       ``‖W_s − W★‖_F ≤ r / μ``, with ``W★`` the exact minimiser.
+    3. The objective gap, by **``KvaLean.gram_gap_le``** (from ``KvaLean.gram_gap``, ``J(W) − J(W★) =
+       ‖W − W★‖²_A`` for this Gram-form ``J``, and the triangle inequality in the ``A``-norm) through the
+       float64 solve ``W_64`` (any point would do; it is not trusted): ``J(W_s) − J(W★) ≤ (p + q)²`` with
+       ``p² ≥ ‖D‖²_A = ⟨D, A D⟩`` enclosed (``D = W_s − W_64``) and ``q² ≥ ‖R_64‖²_F / μ`` (which bounds
+       ``‖W_64 − W★‖²_A``).
+    4. The bias (when ``bias`` is given): the optimal intercept of ``W★`` is ``b★ = x̄ − h̄ W★`` (the float64
+       means of :meth:`RidgeStats.means`, as the fit reads them); by **``KvaLean.bias_err_le``**
+       ``‖b_s − b★‖ ≤ ‖b_s − (x̄ − h̄ W_s)‖ + ‖h̄‖ ‖W_s − W★‖_F``, with the first term enclosed and the last
+       from step 2.
 
-    The criterion (``passed``): ``μ > 0`` and the gap bound at most ``max_excess_rel · J(W_s)`` (the lower
+    The criterion (``passed``): ``μ > 0``; the gap bound at most ``max_excess_rel · J(W_s)`` (the lower
     end of ``J``'s ball) plus the float32 storage allowance ``‖A‖_F (2⁻²³ ‖W_64‖_F)²`` (what rounding ``W★``
-    to float32 alone may cost), all compared as balls. Not certified: the rounding in forming the centred ``G``, ``B`` from the saved sums (the certificate
-    is about the problem with those float64 matrices, the one the solve used).
+    to float32 alone may cost); and ``‖b_s − (x̄ − h̄ W_s)‖`` at most ``2⁻²² (‖b_s‖ + ‖ |h̄| |W_s| ‖)`` (the
+    float32 rounding of ``b`` and of ``W``), all compared as balls. Not certified: the rounding in forming
+    the centred ``G``, ``B`` and the means from the saved sums (the certificate is about the problem with
+    those float64 matrices, the one the solve used).
 
     Returns:
         A JSON-able dict of float upper (``*_upper``) and lower (``*_lower``) ends and ``passed``.
+
+    Raises:
+        InputError: ``weight`` not ``[f, hidden]`` for layer-input statistics, or ``bias`` not ``[hidden]``.
     """
     from flint import arb, ctx
 
@@ -685,15 +767,18 @@ def rigorous_certificate(stats: RidgeStats, index: int, weight: Tensor, lam: flo
         if stats.targets != "inputs" or tuple(w.shape) != (f, stats.hidden):
             raise InputError(f"weight must be [{f}, {stats.hidden}] for these statistics (layer-input maps); got "
                              f"{tuple(w.shape)} for {stats.targets!r} targets")
+        if bias is not None and tuple(bias.shape) != (stats.hidden,):
+            raise InputError(f"bias must be [{stats.hidden}] for these statistics; got {tuple(bias.shape)}")
         prior = default_prior(stats)
         eye = torch.eye(f, dtype=F64)
         lam_b = arb(float(lam))
         # the centring rounds G's two triangles in different orders, so the float64 G is not exactly symmetric;
         # the objective reads only its symmetric part (⟨W, G W⟩ = ⟨W, ½(G + Gᵀ) W⟩), which is the A certified
-        a = (_arb_mat(gram) + _arb_mat(gram.T)) * arb(0.5)
-        for i in range(f):
-            a[i, i] += lam_b
-        rhs = _arb_mat(cross) + _arb_mat(prior) * lam_b
+        sym = _box_add(_Box(gram), _Box(gram.T))
+        sym = _Box(sym.v * 0.5, sym.r * 0.5)  # halving is exact but where it underflows (covered by _TINY)
+        a = _box_add(sym, _Box(lam * eye))
+        a.r = a.r + _TINY
+        rhs = _box_add(_Box(cross), _Box(lam * prior))  # λW₀: λ times entries 0 and 1, exact
         # 1. a certified lower bound on the spectrum of A
         evals = torch.linalg.eigvalsh(gram + lam * eye)
         sigma = 0.5 * float(evals[0]) if float(evals[0]) > 0 else 0.0
@@ -702,54 +787,71 @@ def rigorous_certificate(stats: RidgeStats, index: int, weight: Tensor, lam: flo
             mu = arb(0)
             eps_up = math.inf
         else:
-            lf = _arb_mat(factor)
-            e = a - lf * lf.transpose()
-            for i in range(f):
-                e[i, i] -= arb(sigma)
-            eps = _sum_sq(e).sqrt()
+            llt = _box_mm(_Box(factor), _Box(factor.T))
+            e = _box_add(_box_add(a, _Box(sigma * eye), -1.0), llt, -1.0)  # E = A − σI − LLᵀ
+            eps = _sqrt(_sum_sq(e))
             eps_up = _upper(eps)
             mu = arb(sigma) - eps
         mu_ok = bool(mu > 0)
         # 2. the stored map's residual
-        ws = _arb_mat(w)
-        aws = a * ws
-        res_s = aws - rhs
-        r_s = _sum_sq(res_s).sqrt()
+        ws = _Box(w)
+        aws = _box_mm(a, ws)
+        res_s = _box_add(aws, rhs, -1.0)
+        r_s = _sqrt(_sum_sq(res_s))
         # 3. the gap, through the float64 solve
         try:
             w64 = solve_ridge(gram, cross, lam, prior)
         except SingularGramError:
             w64 = w
-        w64_b = _arb_mat(w64)
-        d_ = ws - w64_b
-        ad = a * d_
-        res_64 = aws - ad - rhs  # A W_64 − (B + λW₀)
+        d_ = _box_add(ws, _Box(w64), -1.0)
+        ad = _box_mm(a, d_)
+        res_64 = _box_add(_box_add(aws, ad, -1.0), rhs, -1.0)  # A W_64 − (B + λW₀)
         r_64sq = _sum_sq(res_64)
         dad = _sum_prod(d_, ad)
         if mu_ok:
             # ⟨D, A D⟩ ≥ 0 as A ⪰ μI: its ball's upper end (a float, exact as a ball) bounds it
-            gap = (arb(max(_upper(dad), 0.0)).sqrt() + (r_64sq / mu).sqrt()) ** 2
+            gap = (arb(max(_upper(dad), 0.0)).sqrt() + _sqrt(r_64sq / mu)) ** 2
             err = r_s / mu
         else:
             gap = err = None
         # J(W_s) = ⟨W, G W⟩ − 2⟨W, B⟩ + Σ‖x − x̄‖² + λ‖W − W₀‖², with G W = A W − λ W
-        w0 = _arb_mat(prior)
-        objective = (_sum_prod(ws, aws) - lam_b * _sum_sq(ws) - 2 * _sum_prod(ws, _arb_mat(cross))
-                     + arb(float(sxx)) + lam_b * _sum_sq(ws - w0))
-        a_fro = _sum_sq(a).sqrt()
-        floor = a_fro * (arb(2.0 ** -23) * _sum_sq(w64_b).sqrt()) ** 2
-        passed = bool(mu_ok and gap is not None and gap <= arb(max_excess_rel) * objective + floor)
+        objective = (_sum_prod(ws, aws) - lam_b * _sum_sq(ws) - 2 * _sum_prod(ws, _Box(cross))
+                     + arb(float(sxx)) + lam_b * _sum_sq(_box_add(ws, _Box(prior), -1.0)))
+        a_fro = _sqrt(_sum_sq(a))
+        floor = a_fro * (arb(2.0 ** -23) * _sqrt(_sum_sq(_Box(w64)))) ** 2
+        gap_ok = bool(mu_ok and gap is not None and gap <= arb(max_excess_rel) * objective + floor)
+        passed = gap_ok
+        # 4. the bias: b★ = x̄ − h̄ W★ (KvaLean.bias_err_le)
+        bias_fields = {}
+        if bias is not None:
+            mh, mx = stats.means()
+            b_s = _Box(bias.reshape(1, -1))
+            hbar = _Box(mh.reshape(1, -1))
+            cons = _sqrt(_sum_sq(_box_add(b_s, _box_add(_Box(mx[index].reshape(1, -1)), _box_mm(hbar, ws), -1.0),
+                                    -1.0)))
+            eta = _sqrt(_sum_sq(hbar))
+            spread = _sqrt(_sum_sq(_box_mm(_Box(mh.abs().reshape(1, -1)), _Box(w.abs()))))
+            allowance = arb(2.0 ** -22) * (_sqrt(_sum_sq(b_s)) + spread)
+            bias_ok = bool(cons <= allowance)
+            passed = passed and bias_ok
+            bias_fields = {
+                "bias_residual_upper": _upper(cons), "bias_allowance_lower": _lower(allowance),
+                "bias_error_bound": _upper(cons + eta * err) if err is not None else math.inf,
+                "bias_passed": bias_ok,
+            }
         cert = {
             "layer": layer, "index": index, "features": f, "lambda": float(lam), "precision_bits": ARB_PREC,
             "sigma": sigma, "cholesky_error_fro_upper": eps_up,
             "reg_eig_lower": _lower(mu) if mu_ok else 0.0,
             "residual_fro_upper": _upper(r_s), "residual_fro_lower": _lower(r_s),
-            "residual64_fro_upper": _upper(r_64sq.sqrt()),
+            "residual64_fro_upper": _upper(_sqrt(r_64sq)),
             "storage_a_norm_upper": math.sqrt(max(_upper(dad), 0.0)) * (1 + 2 * EPS),
             "weight_error_bound": _upper(err) if err is not None else math.inf,
             "excess_bound": _upper(gap) if gap is not None else math.inf,
             "objective_lower": _lower(objective), "objective_upper": _upper(objective),
-            "storage_floor_upper": _upper(floor), "max_excess_rel": max_excess_rel, "passed": passed,
+            "storage_floor_upper": _upper(floor), "max_excess_rel": max_excess_rel, "gap_passed": gap_ok,
+            "passed": passed,
+            **bias_fields,
         }
         obj_lo = cert["objective_lower"]
         cert["excess_rel_upper"] = cert["excess_bound"] / obj_lo if obj_lo > 0 else math.inf
@@ -763,22 +865,29 @@ def rigorous_failures(cert: dict) -> list[str]:
     if cert["passed"]:
         return []
     if not cert["reg_eig_lower"] > 0:
-        return [f"the ball enclosure gives no positive lower bound on the spectrum of G + λI (Cholesky shift σ = "
+        return [f"the enclosure gives no positive lower bound on the spectrum of G + λI (Cholesky shift σ = "
                 f"{cert['sigma']:.3e}, error ‖E‖_F ≤ {cert['cholesky_error_fro_upper']:.3e}): the minimiser is not "
                 "certified unique; refit with a larger λ (`ridgefill calibrate --lam`)"]
-    return [f"the certified objective gap J(W) − J(W★) ≤ {cert['excess_bound']:.3e} is more than "
-            f"{cert['max_excess_rel']:g} of J(W) ≥ {cert['objective_lower']:.6e} plus the float32 storage allowance "
-            f"{cert['storage_floor_upper']:.1e} (‖R‖_F ≤ {cert['residual_fro_upper']:.3e}): the stored map is not the "
-            "ridge solve of these statistics; recalibrate with `ridgefill calibrate`"]
+    out = []
+    if not cert.get("gap_passed", False):
+        out.append(f"the certified objective gap J(W) − J(W★) ≤ {cert['excess_bound']:.3e} is more than "
+                   f"{cert['max_excess_rel']:g} of J(W) ≥ {cert['objective_lower']:.6e} plus the float32 storage "
+                   f"allowance {cert['storage_floor_upper']:.1e} (‖R‖_F ≤ {cert['residual_fro_upper']:.3e}): the "
+                   "stored map is not the ridge solve of these statistics; recalibrate with `ridgefill calibrate`")
+    if not cert.get("bias_passed", True):
+        out.append(f"the stored bias is {cert['bias_residual_upper']:.3e} from x̄ − h̄ W (more than the float32 "
+                   f"allowance {cert['bias_allowance_lower']:.3e}): the stored bias is not the intercept of the stored "
+                   "map; recalibrate with `ridgefill calibrate`")
+    return out
 
 
 def rigorous_certify_maps(maps_path: str | Path, *, stats_file: str | Path | None = None,
                           max_excess_rel: float = MAX_EXCESS_REL, layers: Sequence[int] | None = None) -> list[dict]:
     """:func:`rigorous_certificate` of every late layer (or the late-layer indices ``layers``) of the maps at
-    ``maps_path``, with the same file checks as :func:`certify_maps`."""
+    ``maps_path``, weights and biases, with the same file checks as :func:`certify_maps`."""
     maps_path = Path(maps_path)
     maps, stats = _maps_and_stats(maps_path, stats_file)
     solved, weights = as_solved(stats, maps)
     chosen = range(len(maps.lambdas)) if layers is None else layers
     return [rigorous_certificate(solved, i, weights[i], maps.lambdas[i], layer=maps.split + 1 + i,
-                                 max_excess_rel=max_excess_rel) for i in chosen]
+                                 max_excess_rel=max_excess_rel, bias=maps.biases[i]) for i in chosen]
