@@ -29,6 +29,17 @@ theorem aux.proof_7 : 2 = 2 := rfl
   | 0 => 1
   | _ => 0
 
+-- named like the audit's own helpers and `#eval`'s auxiliary definitions (`kvaAudit…`, `_eval…`), which
+-- an audit inside the sources had to leave out of the replay and the pins: false theorems, rejected on replay
+set_option debug.skipKernelTC true in
+theorem kvaAuditCheat : 2 + 2 = 6 := by decide +kernel
+
+set_option debug.skipKernelTC true in
+theorem _evalCheat : 2 + 3 = 6 := by decide +kernel
+
+-- a definition with a proof inside: Lean abstracts it as `three._proof_1`, pinned like every constant
+@[expose] def three : Fin 4 := ⟨3, by decide⟩
+
 axiom ax : False
 
 theorem withSorry : 1 = 2 := by sorry
