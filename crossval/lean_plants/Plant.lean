@@ -29,8 +29,8 @@ theorem aux.proof_7 : 2 = 2 := rfl
   | 0 => 1
   | _ => 0
 
--- named like the audit's own helpers and `#eval`'s auxiliary definitions (`kvaAudit…`, `_eval…`), which
--- an audit inside the sources had to leave out of the replay and the pins: false theorems, rejected on replay
+-- named like an audit's helpers and `#eval`'s auxiliary definitions (`kvaAudit…`, `_eval…`): false theorems,
+-- which the replay and the pins must cover whatever their names (rejected on replay)
 set_option debug.skipKernelTC true in
 theorem kvaAuditCheat : 2 + 2 = 6 := by decide +kernel
 
