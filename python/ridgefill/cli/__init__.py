@@ -261,12 +261,14 @@ def _cmd_generate(a) -> None:
     model, tok, _ = load_model(a.model)
     if maps is not None:
         maps.check_model(model)
+    # resolved once (auto: the maps' recorded setting, else the default), run and printed as resolved
+    select = None if a.mode == "exact" else resolve_select(a.select, maps, bool(adapter_for(model).recurrent_layers),
+                                                           a.mode)
     t0 = time.perf_counter()
-    res = prefill(model, ids, maps, tail=a.tail if a.mode == "ridge" else n, mode=a.mode, select=a.select)
+    res = prefill(model, ids, maps, tail=a.tail if a.mode == "ridge" else n, mode=a.mode, select=select)
     seconds = time.perf_counter() - t0
     chosen = 0 if res.selected is None else res.selected.numel()
-    setting = ("off" if a.mode == "exact" else
-               setting_name(resolve_select(a.select, maps, bool(adapter_for(model).recurrent_layers), a.mode)))
+    setting = setting_name(select)
     print(f"prefill: {n} tokens in {seconds:.2f} s, mode {a.mode}: {res.num_filled} filled rows, "
           f"{res.exact_positions.numel()} exact rows ({a.tail if a.mode == 'ridge' else n} tail, {chosen} chosen by "
           f"selection {setting})", file=sys.stderr)
